@@ -1,0 +1,342 @@
+"""The simulation seam: everything tasks know about physics goes through :class:`NewtonSim`.
+
+A :class:`NewtonSim` loads one robot file (MJCF, URDF or USD), replicates it into
+``num_envs`` independent Newton worlds sharing one ground plane, and steps them together.
+Tasks read and write state only through the torch views it exposes; they never touch a
+Newton object, so a second backend can serve the same tasks by providing the same views.
+
+Conventions (all views are float32 torch tensors on ``device``, sharing memory with Newton):
+
+- ``joint_pos`` / ``joint_vel``: (num_envs, num_joints) [rad or m, rad/s or m/s], actuated
+  joints only, in the model's joint order (``joint_names``).
+- ``root_pos`` (num_envs, 3) [m] and ``root_quat`` (num_envs, 4) in (x, y, z, w) order, the
+  floating base pose in the world frame; ``root_lin_vel`` / ``root_ang_vel`` (num_envs, 3)
+  [m/s, rad/s] in the world frame (linear velocity of the base's centre of mass). Absent
+  (``None``) for fixed-base robots.
+- ``body_pos`` (num_envs, num_bodies, 3) [m], ``body_quat`` (num_envs, num_bodies, 4).
+- ``joint_target_pos`` (num_envs, num_joints): position-PD targets; ``joint_effort``
+  (num_envs, num_joints) [N or N*m]: feed-forward generalized forces.
+- ``contact_forces`` (num_envs, num_bodies, 3) [N]: net contact force on every body, world
+  frame, at the last physics substep of the control step (MuJoCo solver only).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+import warp as wp
+
+# The contact-force decoding is MuJoCo Warp's own, so pyramidal and elliptic cones both work.
+from mujoco_warp._src.support import contact_force_fn as mjw_contact_force_fn
+from mujoco_warp._src.types import vec5
+
+ASSET_DIR = Path(__file__).resolve().parent.parent / "assets"
+SOLVERS = ("mujoco", "xpbd")
+
+
+def resolve_asset(path: str) -> Path:
+    """Find a robot file: an absolute/relative path, or a file name in ``tasks/assets``."""
+    for candidate in (Path(path), ASSET_DIR / path):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"Robot model '{path}' not found (looked in the working directory and {ASSET_DIR}). "
+        "Give a path to an .xml (MJCF), .urdf or .usd/.usda file."
+    )
+
+
+@wp.kernel
+def _contact_forces_kernel(
+    nacon: wp.array[int],
+    contact_geom: wp.array[wp.vec2i],
+    contact_worldid: wp.array[int],
+    opt_cone: int,
+    contact_frame: wp.array[wp.mat33],
+    contact_friction: wp.array[vec5],
+    contact_dim: wp.array[int],
+    contact_efc_address: wp.array2d[int],
+    contact_adhesion: wp.array[float],
+    efc_force: wp.array2d[float],
+    njmax: int,
+    geom_slot: wp.array[int],
+    out: wp.array2d[wp.vec3],
+):
+    """Adds each active MuJoCo contact's world-frame force to the sensed bodies it touches."""
+    cid = wp.tid()
+    if cid >= nacon[0]:
+        return
+    geoms = contact_geom[cid]
+    slot0 = geom_slot[geoms[0]]
+    slot1 = geom_slot[geoms[1]]
+    if slot0 < 0 and slot1 < 0:
+        return
+    world = contact_worldid[cid]
+    f = mjw_contact_force_fn(
+        opt_cone, contact_frame, contact_friction, contact_dim, contact_efc_address,
+        contact_adhesion, efc_force, njmax, nacon, world, cid, True,
+    )
+    force = wp.spatial_top(f)
+    # MuJoCo's contact normal points from geom 0 to geom 1: the force acts on geom 1.
+    if slot1 >= 0:
+        wp.atomic_add(out, world, slot1, force)
+    if slot0 >= 0:
+        wp.atomic_sub(out, world, slot0, force)
+
+
+class NewtonSim:
+    """``num_envs`` copies of one robot in Newton, advanced ``decimation`` substeps at a time.
+
+    Args:
+        robot: robot file (MJCF ``.xml``, ``.urdf``, ``.usd``/``.usda``), a path or a name in
+            ``tasks/assets``.
+        num_envs: number of independent worlds.
+        dt: physics time step [s].
+        decimation: physics substeps per :meth:`step` (one control step).
+        device: Warp/torch device string, e.g. ``"cpu"`` or ``"cuda:0"``.
+        solver: ``"mujoco"`` (SolverMuJoCo on MuJoCo Warp) or ``"xpbd"``.
+        solver_options: keyword arguments for the solver's constructor.
+        ground: add a ground plane shared by all worlds.
+        ground_friction: friction coefficient of the ground plane.
+        contact_gap: collision detection gap [m]; PLATFORM.md: Newton's 0.1 m default makes ~30x
+            more contacts than needed.
+        sense_contacts: fill ``contact_forces`` after each control step (MuJoCo solver only).
+        use_graph: capture the decimated step as one Warp graph (CPU and CUDA).
+    """
+
+    def __init__(
+        self,
+        robot: str,
+        num_envs: int,
+        dt: float,
+        decimation: int,
+        device: str = "cpu",
+        solver: str = "mujoco",
+        solver_options: dict | None = None,
+        ground: bool = True,
+        ground_friction: float = 1.0,
+        contact_gap: float = 0.0,
+        sense_contacts: bool = True,
+        use_graph: bool = True,
+    ):
+        import newton  # imported here so that `import tasks.sim` stays cheap
+
+        if solver not in SOLVERS:
+            raise ValueError(f"Unknown solver '{solver}'; choose one of {SOLVERS} (configs/sim/).")
+        if num_envs < 1 or decimation < 1 or dt <= 0:
+            raise ValueError(f"Need num_envs >= 1, decimation >= 1, dt > 0; got {num_envs}, {decimation}, {dt}.")
+        self.num_envs, self.dt, self.decimation, self.device = num_envs, dt, decimation, device
+        self.physics_dt = dt
+        self.control_dt = dt * decimation
+        self.solver_name = solver
+
+        robot_builder = newton.ModelBuilder()
+        newton.solvers.SolverMuJoCo.register_custom_attributes(robot_builder)
+        robot_builder.rigid_gap = contact_gap
+        path = resolve_asset(robot)
+        try:
+            if path.suffix == ".xml":
+                robot_builder.add_mjcf(str(path), enable_self_collisions=False)
+            elif path.suffix == ".urdf":
+                robot_builder.add_urdf(str(path), enable_self_collisions=False)
+            elif path.suffix in (".usd", ".usda", ".usdc"):
+                robot_builder.add_usd(str(path), enable_self_collisions=False)
+            else:
+                raise ValueError(f"unsupported file type '{path.suffix}' (use .xml, .urdf, .usd, .usda)")
+        except Exception as e:
+            raise ValueError(f"Could not load robot model {path}: {e}") from e
+        if robot_builder.body_count == 0:
+            raise ValueError(f"Robot model {path} has no bodies.")
+
+        builder = newton.ModelBuilder()
+        builder.rigid_gap = contact_gap
+        builder.replicate(robot_builder, num_envs)
+        if ground:
+            cfg = newton.ModelBuilder.ShapeConfig(mu=ground_friction, gap=contact_gap)
+            builder.add_ground_plane(cfg=cfg)
+        self.model = model = builder.finalize(device=device)
+
+        self.state = model.state()
+        self.control = model.control()
+        newton.eval_fk(model, model.joint_q, model.joint_qd, self.state)
+        if solver == "mujoco":
+            self.solver = newton.solvers.SolverMuJoCo(model, **(solver_options or {}))
+        else:
+            self.solver = newton.solvers.SolverXPBD(model, **(solver_options or {}))
+            self.contacts = model.contacts()
+        self._newton = newton
+
+        # --- layout of one world -------------------------------------------------------
+        n = num_envs
+        coords = model.joint_coord_count // n
+        dofs = model.joint_dof_count // n
+        bodies = model.body_count // n
+        joint_type = model.joint_type.numpy()[: model.joint_count // n]
+        self.floating_base = bool(joint_type[0] == newton.JointType.FREE)
+        q0, v0 = (7, 6) if self.floating_base else (0, 0)
+        self.body_names = [_short(label) for label in model.body_label[:bodies]]
+        dof_labels = []
+        for j, label in enumerate(model.joint_label[: model.joint_count // n]):
+            dof_count = int(model.joint_qd_start.numpy()[j + 1] - model.joint_qd_start.numpy()[j])
+            dof_labels += [_short(label)] * dof_count
+        self.joint_names = dof_labels[v0:]
+        self.num_joints = dofs - v0
+        if coords - q0 != self.num_joints:
+            raise ValueError(
+                f"{path.name}: only 1-DoF joints (hinge, slide) are supported below the root; "
+                f"found {coords - q0} coordinates for {self.num_joints} DoFs."
+            )
+
+        # --- zero-copy torch views --------------------------------------------------------
+        joint_q = wp.to_torch(self.state.joint_q).view(n, coords)
+        joint_qd = wp.to_torch(self.state.joint_qd).view(n, dofs)
+        self._joint_q, self._joint_qd = joint_q, joint_qd
+        self.joint_pos = joint_q[:, q0:]
+        self.joint_vel = joint_qd[:, v0:]
+        self.joint_target_pos = wp.to_torch(self.control.joint_target_q).view(n, coords)[:, q0:]
+        self.joint_effort = wp.to_torch(self.control.joint_f).view(n, dofs)[:, v0:]
+        self._root_force = wp.to_torch(self.control.joint_f).view(n, dofs)[:, :v0]
+        if self.floating_base:
+            self.root_pos, self.root_quat = joint_q[:, 0:3], joint_q[:, 3:7]
+            self.root_lin_vel, self.root_ang_vel = joint_qd[:, 0:3], joint_qd[:, 3:6]
+        else:
+            self.root_pos = self.root_quat = self.root_lin_vel = self.root_ang_vel = None
+        body_q = wp.to_torch(self.state.body_q).view(n, bodies, 7)
+        self.body_pos, self.body_quat = body_q[..., 0:3], body_q[..., 3:7]
+
+        # Per-env physical parameters (the per-world slices of Newton's flat model arrays).
+        self.joint_stiffness = wp.to_torch(model.joint_target_ke).view(n, dofs)[:, v0:]
+        self.joint_damping = wp.to_torch(model.joint_target_kd).view(n, dofs)[:, v0:]
+        self.body_mass = wp.to_torch(model.body_mass).view(n, bodies)
+        lower = wp.to_torch(model.joint_limit_lower).view(n, dofs)[0, v0:]
+        upper = wp.to_torch(model.joint_limit_upper).view(n, dofs)[0, v0:]
+        self.joint_limits = torch.stack([lower, upper], dim=-1).clone()
+        self.effort_limits = wp.to_torch(model.joint_effort_limit).view(n, dofs)[0, v0:].clone()
+        self.default_joint_pos = joint_q[:, q0:].clone()
+        self.default_root_pose = joint_q[:, :q0].clone()
+
+        # --- contact sensor: every body of a world is one slot -----------------------------
+        self.contact_forces = torch.zeros(n, bodies, 3, device=device)
+        self._contact_out = wp.from_torch(self.contact_forces, dtype=wp.vec3)
+        self._geom_slot = self._mujoco_geom_slots() if sense_contacts and solver == "mujoco" else None
+
+        # Reset bookkeeping: eval_fk on the reset worlds only.
+        self._fk_mask = wp.zeros(n, dtype=wp.bool, device=device)
+        self._fk_mask_t = wp.to_torch(self._fk_mask)
+
+        self.graph = None
+        if use_graph:
+            with wp.ScopedCapture(device=device) as capture:
+                self._simulate()
+            self.graph = capture.graph
+
+    # ------------------------------------------------------------------------------------
+    def find_bodies(self, pattern: str | list[str]) -> list[int]:
+        """Indices of the bodies whose names fully match a regular expression (or any of a list)."""
+        return _match(pattern, self.body_names, "body")
+
+    def find_joints(self, pattern: str | list[str]) -> list[int]:
+        """Indices of the actuated joints whose names fully match a regular expression (or list)."""
+        return _match(pattern, self.joint_names, "joint")
+
+    def _mujoco_geom_slots(self) -> wp.array:
+        """Maps each MuJoCo geom of the template world to its Newton body index (-1: world)."""
+        geom_body = self.solver.mjw_model.geom_bodyid.numpy()
+        mjc_body_to_newton = self.solver.mjc_body_to_newton.numpy()[0]
+        slots = np.where(geom_body > 0, mjc_body_to_newton[geom_body], -1).astype(np.int32)
+        return wp.array(slots, dtype=int, device=self.device)
+
+    def _sense_contacts(self):
+        self._contact_out.zero_()
+        d, m = self.solver.mjw_data, self.solver.mjw_model
+        wp.launch(
+            _contact_forces_kernel,
+            dim=d.naconmax,
+            inputs=[
+                d.nacon, d.contact.geom, d.contact.worldid, m.opt.cone, d.contact.frame,
+                d.contact.friction, d.contact.dim, d.contact.efc_address, d.contact.adhesion,
+                d.efc.force, d.njmax, self._geom_slot,
+            ],
+            outputs=[self._contact_out],
+            device=self.device,
+        )
+
+    def _simulate(self):
+        # Stepping one State in place keeps every torch view valid (MuJoCo reads state_in
+        # before it writes state_out).
+        for _ in range(self.decimation):
+            if self.solver_name == "mujoco":
+                self.solver.step(self.state, self.state, self.control, None, self.dt)
+            else:
+                self.model.collide(self.state, self.contacts)
+                self.solver.step(self.state, self.state, self.control, self.contacts, self.dt)
+        if self._geom_slot is not None:
+            self._sense_contacts()
+
+    def step(self) -> None:
+        """Advance every world by one control step (``decimation`` physics steps)."""
+        if self.graph is not None:
+            wp.capture_launch(self.graph)
+        else:
+            self._simulate()
+
+    def apply_root_force(self, force: torch.Tensor) -> None:
+        """Sets an external wrench (num_envs, 6) [N, N*m] on the floating base, world frame."""
+        self._root_force.copy_(force)
+
+    def reset(
+        self,
+        env_ids: torch.Tensor,
+        joint_pos: torch.Tensor,
+        joint_vel: torch.Tensor,
+        root_pose: torch.Tensor | None = None,
+        root_vel: torch.Tensor | None = None,
+    ) -> None:
+        """Writes the state of the worlds ``env_ids`` only, leaving the others untouched.
+
+        Args:
+            env_ids: (k,) long indices of the worlds to reset.
+            joint_pos, joint_vel: (k, num_joints).
+            root_pose: (k, 7) position and (x, y, z, w) quaternion; floating base only,
+                ``None`` keeps the current pose.
+            root_vel: (k, 6) linear and angular velocity, world frame; ``None`` keeps it.
+        """
+        if env_ids.numel() == 0:
+            return
+        self.joint_pos[env_ids] = joint_pos
+        self.joint_vel[env_ids] = joint_vel
+        if root_pose is not None:
+            self._joint_q[env_ids, :7] = root_pose
+        if root_vel is not None:
+            self._joint_qd[env_ids, :6] = root_vel
+        # Body poses follow from the joint coordinates; refresh them for these worlds only.
+        self._fk_mask_t.zero_()
+        self._fk_mask_t[env_ids] = True
+        self._newton.eval_fk(self.model, self.state.joint_q, self.state.joint_qd, self.state, mask=self._fk_mask)
+
+    def notify_model_changed(self, flags: int) -> None:
+        """Tell the solver that per-env physical parameters were edited in place."""
+        self.solver.notify_model_changed(flags)
+
+
+def _match(pattern: str | list[str], names: list[str], kind: str) -> list[int]:
+    patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+    hits = [i for i, name in enumerate(names) if any(re.fullmatch(p, name) for p in patterns)]
+    if not hits:
+        raise ValueError(f"No {kind} name matches {patterns}. The model's {kind} names: {names}")
+    return hits
+
+
+def _short(label: str) -> str:
+    """Newton labels are paths like 'quadruped/FL_calf'; keep the last component."""
+    return label.rsplit("/", 1)[-1]
+
+
+def warp_cache_setup() -> None:
+    """Point Warp's kernel cache at ``WARP_CACHE_PATH`` if set (CI shares one directory)."""
+    path = os.environ.get("WARP_CACHE_PATH")
+    if path:
+        wp.config.kernel_cache_dir = path
