@@ -1,0 +1,15 @@
+"""Reusable MDP terms. A task's YAML names them; :mod:`tasks.env` resolves the names here.
+
+Every term is a plain function of the env (plus keyword parameters from the config):
+
+- observations ``f(env, **params) -> (num_envs, D)``
+- rewards ``f(env, **params) -> (num_envs,)``, before weight and control dt
+- terminations ``f(env, **params) -> (num_envs,)`` bool
+- events ``f(env, env_ids, **params)``, writing state of the worlds ``env_ids`` only
+"""
+
+from tasks.mdp import events, observations, rewards, terminations
+from tasks.mdp.actions import ACTIONS
+from tasks.mdp.commands import VelocityCommand
+
+__all__ = ["ACTIONS", "VelocityCommand", "events", "observations", "rewards", "terminations"]
