@@ -1,0 +1,187 @@
+"""`legion`: the one command line. Each subcommand takes Hydra-style `key=value` overrides.
+
+This is where a task (tasks/) is wired to a learner (agents/); neither knows the other.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+USAGE = """usage: legion <command> [key=value ...]
+
+commands:
+  train   train a policy:        legion train task=quadruped_flat sim.num_envs=256
+          sweep (Hydra multirun): legion train -m seed=0,1,2
+          resume a run:           legion train resume=runs/cartpole/<date>
+  play    run a trained policy:  legion play run=runs/cartpole/<date> [episodes=5] [sim.num_envs=16]
+
+`legion <command> --help` explains a command. Tasks: {tasks}
+"""
+
+PLAY_HELP = """usage: legion play run=<run folder> [episodes=N] [checkpoint=PATH] [key=value ...]
+
+Loads the run's saved config.yaml and its latest checkpoint (or `checkpoint=`), runs the policy
+deterministically with observation noise off, and prints the return and length of each
+finished episode. Any config key can be overridden, e.g. sim.num_envs=4 device=cpu.
+"""
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def task_names() -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / "task").glob("*.yaml"))
+
+
+def _setup_process() -> None:
+    """Process-wide settings every command shares."""
+    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    import torch
+    import warp as wp
+
+    if os.environ.get("OMP_NUM_THREADS") is None:
+        # One Warp CPU thread simulates; leave torch the rest (PLATFORM.md: oversubscribing 2
+        # cores made torch 10-50x slower).
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
+    wp.config.quiet = True
+    wp.config.log_level = wp.LOG_WARNING  # no per-module load lines
+    if os.environ.get("WARP_CACHE_PATH"):
+        wp.config.kernel_cache_dir = os.environ["WARP_CACHE_PATH"]
+    wp.init()
+
+
+def _container(node) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True)
+
+
+def make_env(cfg):
+    """The task's env from a composed config."""
+    from tasks.env import LegionEnv
+
+    return LegionEnv(_container(cfg.task), _container(cfg.sim), device=cfg.device, seed=cfg.seed)
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train(cfg) -> None:
+    """Hydra job: build the env and the learner, then train, writing into the run folder."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from agents.runner import Runner, latest_checkpoint
+
+    _setup_process()
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    print(f"[legion] task {cfg.task.name}, {cfg.sim.num_envs} envs on {cfg.device}; run folder {run_dir}", flush=True)
+    seed_everything(cfg.seed)
+    print("[legion] building the simulation (the first run compiles Warp kernels: about a minute)", flush=True)
+    env = make_env(cfg)
+    runner = Runner(env, _container(cfg.agent), log_dir=run_dir, device=cfg.device)
+    if cfg.resume:
+        checkpoint = latest_checkpoint(cfg.resume)
+        runner.load(checkpoint)
+        print(f"[legion] resumed from {checkpoint} at iteration {runner.iteration}", flush=True)
+    try:
+        runner.learn(cfg.agent.max_iterations)
+    except KeyboardInterrupt:
+        print(f"\n[legion] interrupted; checkpoint model_{runner.iteration}.pt written to {run_dir}", flush=True)
+
+
+def play(args: list[str]) -> None:
+    from omegaconf import OmegaConf
+
+    from agents.runner import Runner, latest_checkpoint
+
+    overrides = dict(a.split("=", 1) for a in args if "=" in a)
+    bad = [a for a in args if "=" not in a]
+    if bad or "run" not in overrides:
+        sys.exit(f"legion play: expected run=<run folder> and key=value overrides, got {' '.join(args) or 'nothing'}\n\n"
+                 + PLAY_HELP)
+    run = Path(overrides.pop("run"))
+    if not (run / "config.yaml").is_file():
+        sys.exit(f"legion play: {run} is not a run folder (no config.yaml). Runs are under runs/<task>/.")
+    episodes = int(overrides.pop("episodes", 5))
+    checkpoint = Path(overrides.pop("checkpoint", "") or latest_checkpoint(run))
+    cfg = OmegaConf.load(run / "config.yaml")
+    OmegaConf.set_struct(cfg, True)
+    overrides.setdefault("sim.num_envs", str(min(16, cfg.sim.num_envs)))
+    try:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()]))
+    except Exception as e:
+        sys.exit(f"legion play: bad override: {e}")
+
+    _setup_process()
+    import torch
+
+    seed_everything(cfg.seed)
+    env = make_env(cfg)
+    env.noise_enabled = False
+    runner = Runner(env, _container(cfg.agent), log_dir=None, device=cfg.device)
+    runner.load(checkpoint)
+    policy = runner.ppo.get_policy()
+    policy.eval()
+    print(f"[legion] playing {checkpoint} on {env.num_envs} envs of {cfg.task.name}", flush=True)
+    obs = env.get_observations()
+    returns = torch.zeros(env.num_envs, device=env.device)
+    lengths = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
+    finished = 0
+    with torch.inference_mode():
+        while finished < episodes:
+            obs, rewards, dones, extras = env.step(policy(obs))
+            returns += rewards
+            lengths += 1
+            for i in dones.nonzero().squeeze(-1).tolist():
+                if finished < episodes:
+                    cause = "time out" if extras["time_outs"][i] else "terminated"
+                    print(f"episode {finished + 1}: return {returns[i].item():8.3f}  length {lengths[i].item():5d}"
+                          f"  ({cause})", flush=True)
+                finished += 1
+            returns[dones] = 0.0
+            lengths[dones] = 0
+
+
+def _hydra_train(args: list[str]) -> None:
+    import hydra
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("legion_run_dir"):
+        # Resuming writes into the resumed run's folder; a new run gets a fresh one.
+        OmegaConf.register_new_resolver("legion_run_dir", lambda resume, new: resume or new)
+    main = hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(train)
+    sys.argv = ["legion train", *args]
+    main()
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE.format(tasks=", ".join(task_names())))
+        return
+    command, rest = args[0], args[1:]
+    if command == "train":
+        _hydra_train(rest)
+    elif command == "play":
+        if any(a in ("-h", "--help") for a in rest):
+            print(PLAY_HELP)
+            return
+        play(rest)
+    else:
+        sys.exit(f"legion: unknown command '{command}'.\n\n" + USAGE.format(tasks=", ".join(task_names())))
+
+
+if __name__ == "__main__":
+    main()
