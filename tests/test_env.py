@@ -1,0 +1,111 @@
+"""The env contract (rsl-rl VecEnv) and reward sanity on the quadruped."""
+
+import math
+
+import pytest
+import torch
+
+from conftest import make_env
+
+
+def test_vecenv_contract(quadruped_env):
+    env = quadruped_env
+    obs = env.get_observations()
+    assert set(obs.keys()) == {"policy", "critic"}
+    assert obs["policy"].shape == (4, 48) and obs["critic"].shape == (4, 49)
+    assert env.num_actions == 12 and env.max_episode_length == math.ceil(20.0 / 0.02)
+    obs, rewards, dones, extras = env.step(torch.zeros(4, 12))
+    for value in (obs["policy"], obs["critic"], rewards):
+        assert value.dtype == torch.float32 and value.device.type == "cpu"
+    assert rewards.shape == (4,) and dones.shape == (4,) and dones.dtype == torch.bool
+    assert extras["time_outs"].shape == (4,) and extras["time_outs"].dtype == torch.bool
+    assert all(key.startswith("Episode_") for key in extras["log"])
+
+
+def test_time_outs_only_on_time_outs():
+    env = make_env("task=cartpole", "sim.num_envs=8", "task.episode_length_s=0.2")  # 10 steps
+    env.noise_enabled = False
+    policy_free_steps = []
+    for step in range(1, 31):
+        _, _, dones, extras = env.step(torch.zeros(8, 1))
+        timed_out = extras["time_outs"]
+        assert not (timed_out & env.terminated).any()
+        if timed_out.any():
+            policy_free_steps.append(step)
+            assert dones[timed_out].all()
+    # Zero force from near-upright starts keeps every pole up for 10 steps: all time out together.
+    assert policy_free_steps == [10, 20, 30]
+
+    env = make_env("task=cartpole", "sim.num_envs=8", "task.episode_length_s=100")
+    for _ in range(60):  # a pole pushed hard falls long before the 100 s limit
+        _, _, dones, extras = env.step(torch.full((8, 1), 3.0))
+        assert not extras["time_outs"].any()
+    assert env.extras["log"]["Episode_Termination/pole_fell"] >= 0.0
+
+
+def test_observation_terms_and_layout(quadruped_env):
+    env = quadruped_env
+    layout = env.observation_layout()
+    names = [t["name"] for t in layout["policy"]]
+    assert names[:4] == ["base_lin_vel", "base_ang_vel", "projected_gravity", "velocity_commands"]
+    assert sum(t["size"] for t in layout["policy"]) == 48
+    env.noise_enabled = False
+    obs = env._compute_observations()["policy"]
+    gravity = obs[:, 6:9]
+    assert torch.allclose(gravity.norm(dim=1), torch.ones(4), atol=1e-5)
+    commands = obs[:, 9:12]
+    assert torch.equal(commands, env.command.value)
+    env.noise_enabled = True
+
+
+def _settle(env, steps=75):
+    for _ in range(steps):
+        env.step(torch.zeros(env.num_envs, 12))
+
+
+def test_a_standing_quadruped_earns_more_than_a_fallen_one():
+    import newton
+
+    env = make_env("task=quadruped_flat", "sim.num_envs=2", "~task.terminations.base_contact")
+    env.noise_enabled = False
+    env.command.value[:] = 0.0
+    env.command.steps_left[:] = 10**6
+    # env 1 has fallen: limp (zero PD gains), dropped on its side.
+    env.sim.joint_stiffness[1] = 0.0
+    env.sim.notify_model_changed(newton.ModelFlags.JOINT_DOF_PROPERTIES)
+    ids = torch.tensor([1])
+    pose = env.default_root_pose[ids].clone()
+    pose[0, 2] = 0.15
+    pose[0, 3:7] = torch.tensor([math.sin(math.pi / 4), 0.0, 0.0, math.cos(math.pi / 4)])
+    env.sim.reset(ids, env.default_joint_pos[ids], torch.zeros(1, 12), pose, torch.zeros(1, 6))
+    _settle(env, 50)
+    total = torch.zeros(2)
+    for _ in range(25):
+        _, rewards, _, _ = env.step(torch.zeros(2, 12))
+        total += rewards
+    assert env.sim.root_pos[0, 2] > 0.25 and env.sim.root_pos[1, 2] < 0.15
+    assert total[0] > total[1] + 0.1
+
+
+def test_tracking_reward_is_higher_at_the_commanded_velocity(quadruped_env):
+    from tasks.mdp import rewards
+
+    env = quadruped_env
+    env.command.value[:] = torch.tensor([0.8, 0.0, 0.5])
+    root_lin_vel = env.sim.root_lin_vel.clone()
+    root_ang_vel = env.sim.root_ang_vel.clone()
+    env.sim.root_quat[:] = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    env.sim.root_lin_vel[:] = torch.tensor([0.8, 0.0, 0.0])  # moving as commanded
+    env.sim.root_ang_vel[:] = torch.tensor([0.0, 0.0, 0.5])
+    on_command = rewards.track_lin_vel_xy_exp(env, std=0.5), rewards.track_ang_vel_z_exp(env, std=0.5)
+    env.sim.root_lin_vel[:] = 0.0  # standing still
+    env.sim.root_ang_vel[:] = 0.0
+    off_command = rewards.track_lin_vel_xy_exp(env, std=0.5), rewards.track_ang_vel_z_exp(env, std=0.5)
+    env.sim.root_lin_vel[:], env.sim.root_ang_vel[:] = root_lin_vel, root_ang_vel
+    assert torch.allclose(on_command[0], torch.ones(4)) and torch.allclose(on_command[1], torch.ones(4))
+    assert (off_command[0] < 0.1).all() and (off_command[1] < 0.4).all()
+
+
+def test_unknown_terms_are_named_with_the_alternatives():
+    with pytest.raises(ValueError, match="Unknown rewards term 'flyy'.*track_lin_vel_xy_exp"):
+        make_env("task=cartpole", "sim.num_envs=2", "+task.rewards.flyy={weight: 1.0}")
