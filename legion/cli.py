@@ -166,21 +166,37 @@ def _hydra_train(args: list[str]) -> None:
     main()
 
 
+def _play(args: list[str]) -> None:
+    if any(a in ("-h", "--help") for a in args):
+        print(PLAY_HELP)
+        return
+    play(args)
+
+
+# Subcommands: name -> function taking the remaining arguments, or "module:function" imported
+# only when the command runs (so `legion --help` stays fast and needs no optional package).
+COMMANDS = {
+    "train": _hydra_train,
+    "play": _play,
+}
+
+
 def main() -> None:
     args = sys.argv[1:]
+    usage = USAGE.format(tasks=", ".join(task_names()))
     if not args or args[0] in ("-h", "--help", "help"):
-        print(USAGE.format(tasks=", ".join(task_names())))
+        print(usage)
         return
     command, rest = args[0], args[1:]
-    if command == "train":
-        _hydra_train(rest)
-    elif command == "play":
-        if any(a in ("-h", "--help") for a in rest):
-            print(PLAY_HELP)
-            return
-        play(rest)
-    else:
-        sys.exit(f"legion: unknown command '{command}'.\n\n" + USAGE.format(tasks=", ".join(task_names())))
+    if command not in COMMANDS:
+        sys.exit(f"legion: unknown command '{command}'.\n\n{usage}")
+    handler = COMMANDS[command]
+    if isinstance(handler, str):
+        import importlib
+
+        module, function = handler.split(":")
+        handler = getattr(importlib.import_module(module), function)
+    handler(rest)
 
 
 if __name__ == "__main__":

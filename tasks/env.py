@@ -31,7 +31,7 @@ class Term:
     func: Callable
     params: dict = field(default_factory=dict)
     weight: float = 1.0  # rewards
-    scale: float = 1.0  # observations
+    scale: float | list[float] = 1.0  # observations: one factor, or one per element
     noise: float = 0.0  # observations: uniform noise half-width, in the term's own units
     clip: float | None = None  # observations
     time_out: bool = False  # terminations
@@ -129,6 +129,9 @@ class LegionEnv(VecEnv):
             group: [resolve_term(name, spec, mdp.observations) for name, spec in terms.items()]
             for group, terms in task_cfg["observations"].items()
         }
+        for term in (t for terms in self.observation_terms.values() for t in terms):
+            if isinstance(term.scale, (list, tuple)):
+                term.scale = torch.tensor(term.scale, dtype=torch.float32, device=device)
         self.reward_terms = [
             resolve_term(name, spec, mdp.rewards)
             for name, spec in task_cfg["rewards"].items()
@@ -215,6 +218,10 @@ class LegionEnv(VecEnv):
             value = term.func(self, **term.params) * (term.weight * self.step_dt)
             self.episode_sums[term.name] += value
             total += value
+        if self.cfg.get("only_positive_rewards", False):
+            # legged_gym's remedy for early training: with a negative total per step, ending the
+            # episode (falling on purpose) would be the best policy.
+            total.clamp_(min=0.0)
         return total
 
     def _compute_observations(self) -> TensorDict:
@@ -255,7 +262,8 @@ class LegionEnv(VecEnv):
             entries, start = [], 0
             for term in terms:
                 size = term.func(self, **term.params).shape[-1]
-                entries.append({"name": term.name, "start": start, "size": size, "scale": term.scale, "clip": term.clip})
+                scale = term.scale.tolist() if isinstance(term.scale, torch.Tensor) else term.scale
+                entries.append({"name": term.name, "start": start, "size": size, "scale": scale, "clip": term.clip})
                 start += size
             assert start == obs[group].shape[-1]
             layout[group] = entries

@@ -97,7 +97,7 @@ class NewtonSim:
         dt: physics time step [s].
         decimation: physics substeps per :meth:`step` (one control step).
         device: Warp/torch device string, e.g. ``"cpu"`` or ``"cuda:0"``.
-        solver: ``"mujoco"`` (SolverMuJoCo on MuJoCo Warp) or ``"xpbd"``.
+        solver: ``"mujoco"`` (SolverMuJoCo on MuJoCo Warp) or ``"xpbd"`` (no contact sensing).
         solver_options: keyword arguments for the solver's constructor.
         ground: add a ground plane shared by all worlds.
         ground_friction: friction coefficient of the ground plane.
@@ -165,8 +165,12 @@ class NewtonSim:
         if solver == "mujoco":
             self.solver = newton.solvers.SolverMuJoCo(model, **(solver_options or {}))
         else:
+            if sense_contacts:
+                raise ValueError("Contact-force sensing needs sim=mujoco. For sim=xpbd set task.sense_contacts=false "
+                                 "and remove the task's contact terms (feet_air_time, undesired_contacts, illegal_contact).")
             self.solver = newton.solvers.SolverXPBD(model, **(solver_options or {}))
             self.contacts = model.contacts()
+            self._state_next = model.state()
         self._newton = newton
 
         # --- layout of one world -------------------------------------------------------
@@ -221,7 +225,7 @@ class NewtonSim:
         # --- contact sensor: every body of a world is one slot -----------------------------
         self.contact_forces = torch.zeros(n, bodies, 3, device=device)
         self._contact_out = wp.from_torch(self.contact_forces, dtype=wp.vec3)
-        self._geom_slot = self._mujoco_geom_slots() if sense_contacts and solver == "mujoco" else None
+        self._geom_slot = self._mujoco_geom_slots() if sense_contacts else None
 
         # Reset bookkeeping: eval_fk on the reset worlds only.
         self._fk_mask = wp.zeros(n, dtype=wp.bool, device=device)
@@ -271,8 +275,13 @@ class NewtonSim:
             if self.solver_name == "mujoco":
                 self.solver.step(self.state, self.state, self.control, None, self.dt)
             else:
+                # XPBD integrates body poses (maximal coordinates) and needs distinct in/out
+                # states; the joint coordinates the views read are recovered by inverse kinematics.
                 self.model.collide(self.state, self.contacts)
-                self.solver.step(self.state, self.state, self.control, self.contacts, self.dt)
+                self.solver.step(self.state, self._state_next, self.control, self.contacts, self.dt)
+                self.state.assign(self._state_next)
+        if self.solver_name == "xpbd":
+            self._newton.eval_ik(self.model, self.state, self.state.joint_q, self.state.joint_qd)
         if self._geom_slot is not None:
             self._sense_contacts()
 
