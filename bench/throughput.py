@@ -5,6 +5,19 @@ commands, rewards, terminations, resets, observations) and, timed inside those s
 the world-steps/s of the decimated physics (NewtonSim.step, one captured Warp graph). The
 overhead ratio is env time per control step over its physics time (1.20 = the env adds 20%).
 
+Then the cost of domain randomization, env-steps/s of five envs of the same size stepping in
+turns, 10 steps at a time (so a busy machine slows them alike):
+- off: every event term of task.events off (episodes start at the exact default state) and no
+  observation noise;
+- default: the task's config as it is (legged_gym's set: friction, added base mass, pushes,
+  random initial state);
+- all on: every term on as configured (physical parameters drawn once at startup; initial
+  state, latency and observation noise at each episode start; pushes);
+- all on but joint_friction: the same without dry joint friction, whose cost is MuJoCo's own
+  (a friction-loss constraint row per joint for its solver), not the randomization's;
+- all on, per reset: the same with every physical parameter re-drawn at every episode start
+  (the solver is told of new masses, gains and materials at nearly every step).
+
     python bench/throughput.py [--num-envs 64 256 1024] [--steps 100]
 """
 
@@ -47,6 +60,40 @@ def measure(num_envs: int, steps: int) -> dict:
     }
 
 
+def randomization_cost(num_envs: int, steps: int, chunk: int = 10) -> dict:
+    from legion.cli import make_env
+
+    base = ("task=quadruped_flat", f"sim.num_envs={num_envs}")
+    events = compose(*base).task.events
+    physics = [n for n, e in events.items() if e.get("mode") == "startup"]
+    every = [f"++task.events.{n}.enabled=true" for n in events]
+    variants = {
+        "off": [f"++task.events.{n}.enabled=false" for n in events],
+        "default": [],
+        "all on": every,
+        "all on but joint_friction": every + ["task.events.joint_friction.enabled=false"],
+        "all on, per reset": every + [f"task.events.{n}.mode=reset" for n in physics],
+    }
+    envs = {name: make_env(compose(*base, *overrides)) for name, overrides in variants.items()}
+    envs["off"].noise_enabled = False
+    actions = torch.randn(steps + 5, num_envs, 12, generator=torch.Generator().manual_seed(0))
+    seconds = dict.fromkeys(envs, 0.0)
+    for env in envs.values():
+        for i in range(5):  # warm up
+            env.step(actions[i])
+    for start in range(5, steps + 5, chunk):
+        for name, env in envs.items():
+            t = time.perf_counter()
+            for i in range(start, min(start + chunk, steps + 5)):
+                env.step(actions[i])
+            seconds[name] += time.perf_counter() - t
+    rate = {name: steps * num_envs / s for name, s in seconds.items()}
+    row = {"num_envs": num_envs, "off (env-steps/s)": rate["off"]}
+    for name in list(variants)[1:]:
+        row[name] = f"{rate[name]:,.0f} ({rate[name] / rate['off'] - 1:+.1%})"
+    return row
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-envs", type=int, nargs="+", default=[64, 256, 1024])
@@ -54,7 +101,10 @@ def main():
     args = parser.parse_args()
     rows = [measure(n, args.steps) for n in args.num_envs]
     print_table(rows)
-    print(f"wrote {write_json('throughput', rows, task='quadruped_flat', steps=args.steps)}")
+    print()
+    cost = [randomization_cost(n, args.steps) for n in args.num_envs]
+    print_table(cost)
+    print(f"wrote {write_json('throughput', rows, task='quadruped_flat', steps=args.steps, randomization=cost)}")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 
 One control step is: apply the action, run ``decimation`` physics substeps (one Warp graph),
 advance commands and contact timers, evaluate terminations and rewards, reset the finished
-worlds, and compute the observations of every group. Everything is a batched tensor
-operation over all environments; nothing loops over environments in Python.
+worlds, fire the interval events (pushes, ...), and compute the observations of every group.
+Everything is a batched tensor operation over all environments; nothing loops over
+environments in Python.
 
 The task config (``configs/task/*.yaml``, key ``task``) names the terms; see
-:mod:`tasks.mdp` for the term signatures.
+:mod:`tasks.mdp` for the term signatures and :mod:`tasks.mdp.events` for the event terms
+(episode starts and domain randomization, ``task.events``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Term:
     weight: float = 1.0  # rewards
     scale: float | list[float] = 1.0  # observations: one factor, or one per element
     noise: float = 0.0  # observations: uniform noise half-width, in the term's own units
+    noise_scale: torch.Tensor | None = None  # observations: (num_envs, 1) per-env noise factor
     clip: float | None = None  # observations
     time_out: bool = False  # terminations
 
@@ -87,6 +90,11 @@ class LegionEnv(VecEnv):
         self.cfg = task_cfg
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.num_envs = sim_cfg["num_envs"]
+        if "reset_events" in task_cfg:
+            raise ValueError("task.reset_events is now part of task.events: give each entry `mode: reset` "
+                             "(see tasks/mdp/events.py and configs/task/quadruped_flat.yaml).")
+        self.events = mdp.events.Events(self, task_cfg.get("events"))  # checks the config first
         self.sim = NewtonSim(
             robot=task_cfg["robot"],
             num_envs=sim_cfg["num_envs"],
@@ -100,11 +108,9 @@ class LegionEnv(VecEnv):
             sense_contacts=task_cfg.get("sense_contacts", True),
             use_graph=sim_cfg.get("use_graph", True),
         )
-        self.num_envs = self.sim.num_envs
         self.step_dt = self.sim.control_dt
         self.max_episode_length = math.ceil(task_cfg["episode_length_s"] / self.step_dt)
         self.episode_length_buf = torch.zeros(self.num_envs, dtype=torch.long, device=device)
-        self.gravity_dir = torch.tensor([0.0, 0.0, -1.0], device=device)
         self.noise_enabled = True
 
         # Default pose: the model's, overridden per joint-name regex by the task.
@@ -132,6 +138,8 @@ class LegionEnv(VecEnv):
         for term in (t for terms in self.observation_terms.values() for t in terms):
             if isinstance(term.scale, (list, tuple)):
                 term.scale = torch.tensor(term.scale, dtype=torch.float32, device=device)
+            if term.noise:
+                term.noise_scale = torch.ones(self.num_envs, 1, device=device)
         self.reward_terms = [
             resolve_term(name, spec, mdp.rewards)
             for name, spec in task_cfg["rewards"].items()
@@ -140,12 +148,12 @@ class LegionEnv(VecEnv):
         self.termination_terms = [
             resolve_term(name, spec, mdp.terminations) for name, spec in (task_cfg.get("terminations") or {}).items()
         ]
-        self.reset_events = [resolve_term(name, spec, mdp.events) for name, spec in task_cfg["reset_events"].items()]
 
         self.episode_sums = {t.name: torch.zeros(self.num_envs, device=device) for t in self.reward_terms}
         self.terminated = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
         self.time_outs = torch.zeros_like(self.terminated)
         self.extras: dict = {"log": {}}
+        self.events.apply("startup", torch.arange(self.num_envs, device=device))
         self.reset()
 
     # --- helpers for terms ----------------------------------------------------------------
@@ -186,9 +194,20 @@ class LegionEnv(VecEnv):
         reset_ids = dones.nonzero().squeeze(-1)
         if reset_ids.numel():
             self._reset_idx(reset_ids)
+        self.events.step(self.step_dt)
+        self.extras["log"].update(self.events.log())
         self._observations = self._compute_observations()
         self.extras["time_outs"] = self.time_outs.clone()
         return self._observations, rewards, dones, self.extras
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the env: ``{"randomization": {term: {"range": [low, high],
+        "distribution": ..., "mode": ...}}, "step_count": control steps so far}`` (enabled terms)."""
+        return self.events.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores the current randomization ranges and the curriculum's step count."""
+        self.events.load_state_dict(state)
 
     # --- internals ------------------------------------------------------------------------
     def _compute_terminations(self) -> None:
@@ -231,7 +250,7 @@ class LegionEnv(VecEnv):
             for term in terms:
                 value = term.func(self, **term.params)
                 if term.noise and self.noise_enabled:
-                    value = value + self.uniform(-term.noise, term.noise, value.shape)
+                    value = value + self.uniform(-term.noise, term.noise, value.shape) * term.noise_scale
                 if term.clip is not None:
                     value = value.clamp(-term.clip, term.clip)
                 parts.append(value * term.scale)
@@ -245,8 +264,17 @@ class LegionEnv(VecEnv):
                 self.extras["log"][f"Episode_Reward/{name}"] = sums[env_ids].mean() / seconds
         for sums in self.episode_sums.values():
             sums[env_ids] = 0.0
-        for event in self.reset_events:
-            event.func(self, env_ids, **event.params)
+        # The default state, the reset events' perturbations, then body poses from it (FK).
+        sim = self.sim
+        sim.joint_pos[env_ids] = self.default_joint_pos[env_ids]
+        sim.joint_vel[env_ids] = 0.0
+        if sim.floating_base:
+            sim.root_pos[env_ids] = self.default_root_pose[env_ids, :3]
+            sim.root_quat[env_ids] = self.default_root_pose[env_ids, 3:]
+            sim.root_lin_vel[env_ids] = 0.0
+            sim.root_ang_vel[env_ids] = 0.0
+        self.events.apply("reset", env_ids)
+        sim.reset(env_ids)
         self.action.reset(env_ids)
         if self.command is not None:
             self.command.resample(env_ids)

@@ -5,7 +5,8 @@ Every term is a plain function of the env (plus keyword parameters from the conf
 - observations ``f(env, **params) -> (num_envs, D)``
 - rewards ``f(env, **params) -> (num_envs,)``, before weight and control dt
 - terminations ``f(env, **params) -> (num_envs,)`` bool
-- events ``f(env, env_ids, **params)``, writing state of the worlds ``env_ids`` only
+- events ``f(env, env_ids, draw, **params)``, writing state or physical parameters of the worlds
+  ``env_ids`` only (:mod:`tasks.mdp.events`: modes startup / reset / interval, ranges, curriculum)
 """
 
 from tasks.mdp import events, observations, rewards, terminations

@@ -26,8 +26,10 @@ def base_ang_vel(env) -> torch.Tensor:
 
 
 def projected_gravity(env) -> torch.Tensor:
-    """Unit gravity direction in the base frame: (0, 0, -1) when level."""
-    return quat_rotate_inverse(env.sim.root_quat, env.gravity_dir.expand(env.num_envs, 3))
+    """Unit gravity direction in the base frame: (0, 0, -1) when level under vertical gravity
+    (each env's own gravity, which the ``gravity_tilt`` event may tilt)."""
+    gravity = env.sim.gravity
+    return quat_rotate_inverse(env.sim.root_quat, gravity / gravity.norm(dim=-1, keepdim=True))
 
 
 def base_height(env) -> torch.Tensor:

@@ -52,7 +52,8 @@ def flat_orientation_l2(env) -> torch.Tensor:
     For small tilts this is Isaac Lab's term (the horizontal part of gravity squared); unlike
     that term it does not vanish for a robot lying on its back (there it is 4).
     """
-    return torch.sum(torch.square(projected_gravity(env) - env.gravity_dir), dim=1)
+    gravity = projected_gravity(env)
+    return gravity[:, 0] ** 2 + gravity[:, 1] ** 2 + (gravity[:, 2] + 1.0) ** 2
 
 
 def joint_torques_l2(env) -> torch.Tensor:

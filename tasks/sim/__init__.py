@@ -18,10 +18,33 @@ Conventions (all views are float32 torch tensors on ``device``, sharing memory w
   (num_envs, num_joints) [N or N*m]: feed-forward generalized forces.
 - ``contact_forces`` (num_envs, num_bodies, 3) [N]: net contact force on every body, world
   frame, at the last physics substep of the control step (MuJoCo solver only).
+
+Per-env physical parameters (``PARAMS``; views of the per-world slices of Newton's model arrays,
+writable; the values at construction are kept in ``defaults[name]``):
+
+- ``shape_friction`` / ``shape_restitution`` (num_envs, num_shapes): sliding friction coefficient
+  and coefficient of restitution [0, 1) of every shape of the robot (``shape_body`` maps a shape
+  to its body). Robot shapes take MuJoCo contact priority over the ground, so a robot contact
+  uses the robot shape's own friction and contact softness (MuJoCo otherwise combines two geoms'
+  friction with the maximum, which hides any value below the ground's). MuJoCo has no
+  restitution coefficient: a value e > 0 sets the contact's damping ratio to
+  -ln(e) / sqrt(pi^2 + ln(e)^2), the one at which a linear spring-damper rebounds with e.
+- ``body_mass`` (num_envs, num_bodies) [kg], ``body_com`` (num_envs, num_bodies, 3) [m] in the
+  body frame, ``body_inertia`` (num_envs, num_bodies, 3, 3) [kg m^2] about the COM, body frame.
+- ``joint_stiffness`` / ``joint_damping`` (num_envs, num_joints) [N m/rad, N m s/rad]: PD gains;
+  ``joint_effort_limit`` [N m] (clamps the PD torque; ``effort_limits`` (num_joints,) keeps the
+  model's); ``joint_friction`` [N m] (dry friction loss: MuJoCo adds a constraint row per
+  joint, ~15% slower stepping); ``joint_armature`` [kg m^2] (rotor inertia).
+- ``gravity`` (num_envs, 3) [m/s^2], world frame.
+
+After writing parameters, name them with :meth:`NewtonSim.params_changed`; the next
+:meth:`NewtonSim.step` hands them to the solver (no rebuild, no recompile; the captured graph
+replays with the new values).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -36,6 +59,20 @@ from mujoco_warp._src.types import vec5
 
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets"
 SOLVERS = ("mujoco", "xpbd")
+# The per-env physical parameter views, and the newton.ModelFlags the solver needs for each.
+PARAMS = {
+    "shape_friction": "SHAPE_PROPERTIES",
+    "shape_restitution": "SHAPE_PROPERTIES",
+    "body_mass": "BODY_INERTIAL_PROPERTIES",
+    "body_com": "BODY_INERTIAL_PROPERTIES",
+    "body_inertia": "BODY_INERTIAL_PROPERTIES",
+    "joint_stiffness": "JOINT_DOF_FORCE_PROPERTIES",
+    "joint_damping": "JOINT_DOF_FORCE_PROPERTIES",
+    "joint_effort_limit": "JOINT_DOF_FORCE_PROPERTIES",
+    "joint_friction": "JOINT_DOF_FORCE_PROPERTIES",
+    "joint_armature": "JOINT_DOF_INERTIAL_PROPERTIES",  # MuJoCo recomputes constants: costlier
+    "gravity": "MODEL_PROPERTIES",
+}
 
 
 def resolve_asset(path: str) -> Path:
@@ -158,6 +195,10 @@ class NewtonSim:
             cfg = newton.ModelBuilder.ShapeConfig(mu=ground_friction, gap=contact_gap)
             builder.add_ground_plane(cfg=cfg)
         self.model = model = builder.finalize(device=device)
+        shapes = model.shape_count // num_envs  # per world; the shared ground comes last
+        if solver == "mujoco":
+            # The robot's contacts use the robot's own material (see the module docstring).
+            wp.to_torch(model.mujoco.geom_priority)[: num_envs * shapes] = 1
 
         self.state = model.state()
         self.control = model.control()
@@ -212,9 +253,40 @@ class NewtonSim:
         self.body_pos, self.body_quat = body_q[..., 0:3], body_q[..., 3:7]
 
         # Per-env physical parameters (the per-world slices of Newton's flat model arrays).
+        self.shape_body = wp.to_torch(model.shape_body)[:shapes].clone()  # (num_shapes,) body index, -1: none
+        self.shape_friction = wp.to_torch(model.shape_material_mu)[: n * shapes].view(n, shapes)
+        self.shape_restitution = wp.to_torch(model.shape_material_restitution)[: n * shapes].view(n, shapes)
+        self.body_mass = wp.to_torch(model.body_mass).view(n, bodies)
+        self.body_com = wp.to_torch(model.body_com).view(n, bodies, 3)
+        self.body_inertia = wp.to_torch(model.body_inertia).view(n, bodies, 3, 3)
         self.joint_stiffness = wp.to_torch(model.joint_target_ke).view(n, dofs)[:, v0:]
         self.joint_damping = wp.to_torch(model.joint_target_kd).view(n, dofs)[:, v0:]
-        self.body_mass = wp.to_torch(model.body_mass).view(n, bodies)
+        self.joint_effort_limit = wp.to_torch(model.joint_effort_limit).view(n, dofs)[:, v0:]
+        self.joint_friction = wp.to_torch(model.joint_friction).view(n, dofs)[:, v0:]
+        self.joint_armature = wp.to_torch(model.joint_armature).view(n, dofs)[:, v0:]
+        self.gravity = wp.to_torch(model.gravity)[:n]
+        self.defaults = {name: getattr(self, name).clone() for name in PARAMS}
+        self._body_inv_mass = wp.to_torch(model.body_inv_mass).view(n, bodies)
+        self._body_inv_inertia = wp.to_torch(model.body_inv_inertia).view(n, bodies, 3, 3)
+        self._changed: set[str] = set()
+        if solver == "mujoco":
+            from newton._src.solvers.mujoco.constants import SOLREF_MODE_RAW  # (time constant, damping ratio)
+
+            self._solref_raw = SOLREF_MODE_RAW
+            self._solref = wp.to_torch(model.mujoco.solref)[: n * shapes].view(n, shapes, 2)
+            self._solref_mode = wp.to_torch(model.mujoco.solref_mode)[: n * shapes].view(n, shapes)
+            self._default_solref, self._default_solref_mode = self._solref.clone(), self._solref_mode.clone()
+            # Position actuators clamp their force to their own force range too: it follows
+            # joint_effort_limit (actuator -> joint index, and the range at scale 1).
+            self._actuator_joint = torch.zeros(0, dtype=torch.long, device=device)
+            source, target = self.solver.mjc_actuator_ctrl_source, self.solver.mjc_actuator_to_newton_idx
+            if source is not None and target is not None:
+                source, target = wp.to_torch(source).long(), wp.to_torch(target).long() - v0
+                joint_target = (source == int(self.solver.CtrlSource.JOINT_TARGET)) & (target >= 0)
+                self._actuator_ids = joint_target.nonzero().squeeze(-1)
+                self._actuator_joint = target[self._actuator_ids]
+                self._actuator_forcerange = wp.to_torch(self.solver.mjw_model.actuator_forcerange)
+                self._default_actuator_forcerange = self._actuator_forcerange[:, self._actuator_ids].clone()
         lower = wp.to_torch(model.joint_limit_lower).view(n, dofs)[0, v0:]
         upper = wp.to_torch(model.joint_limit_upper).view(n, dofs)[0, v0:]
         self.joint_limits = torch.stack([lower, upper], dim=-1).clone()
@@ -287,6 +359,8 @@ class NewtonSim:
 
     def step(self) -> None:
         """Advance every world by one control step (``decimation`` physics steps)."""
+        if self._changed:
+            self._publish_params()
         if self.graph is not None:
             wp.capture_launch(self.graph)
         else:
@@ -299,24 +373,26 @@ class NewtonSim:
     def reset(
         self,
         env_ids: torch.Tensor,
-        joint_pos: torch.Tensor,
-        joint_vel: torch.Tensor,
+        joint_pos: torch.Tensor | None = None,
+        joint_vel: torch.Tensor | None = None,
         root_pose: torch.Tensor | None = None,
         root_vel: torch.Tensor | None = None,
     ) -> None:
-        """Writes the state of the worlds ``env_ids`` only, leaving the others untouched.
+        """Writes the state of the worlds ``env_ids`` only, leaving the others untouched, and
+        recomputes their body poses. ``None`` keeps what the views already hold.
 
         Args:
             env_ids: (k,) long indices of the worlds to reset.
             joint_pos, joint_vel: (k, num_joints).
-            root_pose: (k, 7) position and (x, y, z, w) quaternion; floating base only,
-                ``None`` keeps the current pose.
-            root_vel: (k, 6) linear and angular velocity, world frame; ``None`` keeps it.
+            root_pose: (k, 7) position and (x, y, z, w) quaternion; floating base only.
+            root_vel: (k, 6) linear and angular velocity, world frame; floating base only.
         """
         if env_ids.numel() == 0:
             return
-        self.joint_pos[env_ids] = joint_pos
-        self.joint_vel[env_ids] = joint_vel
+        if joint_pos is not None:
+            self.joint_pos[env_ids] = joint_pos
+        if joint_vel is not None:
+            self.joint_vel[env_ids] = joint_vel
         if root_pose is not None:
             self._joint_q[env_ids, :7] = root_pose
         if root_vel is not None:
@@ -326,8 +402,43 @@ class NewtonSim:
         self._fk_mask_t[env_ids] = True
         self._newton.eval_fk(self.model, self.state.joint_q, self.state.joint_qd, self.state, mask=self._fk_mask)
 
-    def notify_model_changed(self, flags: int) -> None:
-        """Tell the solver that per-env physical parameters were edited in place."""
+    def params_changed(self, *names: str) -> None:
+        """Marks per-env parameter views (names from ``PARAMS``) as edited; the next :meth:`step`
+        hands them to the solver, once, however many edits came before it."""
+        unknown = [name for name in names if name not in PARAMS]
+        if unknown:
+            raise ValueError(f"Unknown physical parameter(s) {unknown}; NewtonSim has {sorted(PARAMS)}.")
+        self._changed.update(names)
+
+    def _publish_params(self) -> None:
+        """Derived quantities, then one ``solver.notify_model_changed`` for everything edited."""
+        changed, self._changed = self._changed, set()
+        if changed & {"body_mass", "body_inertia"}:
+            mass = self.body_mass
+            self._body_inv_mass.copy_(torch.where(mass > 0, 1.0 / mass.clamp(min=1e-12), 0.0))
+            inertia = self.body_inertia
+            invertible = torch.linalg.det(inertia).abs() > 1e-18
+            eye = torch.eye(3, device=inertia.device).expand_as(inertia)
+            inverse = torch.linalg.inv(torch.where(invertible[..., None, None], inertia, eye))
+            self._body_inv_inertia.copy_(torch.where(invertible[..., None, None], inverse, 0.0))
+        if self.solver_name == "mujoco":
+            if "shape_restitution" in changed:
+                e = self.shape_restitution.clamp(0.0, 0.99)
+                log_e = torch.log(e.clamp(min=1e-6))
+                damping_ratio = torch.where(e > 0, -log_e / torch.sqrt(math.pi**2 + log_e**2), 1.0)
+                edited = self.shape_restitution != self.defaults["shape_restitution"]
+                raw = self._default_solref_mode == self._solref_raw
+                time_constant = torch.where(raw, self._default_solref[..., 0], 0.02)
+                solref = torch.stack([time_constant, damping_ratio], dim=-1)
+                self._solref.copy_(torch.where(edited[..., None], solref, self._default_solref))
+                self._solref_mode.copy_(torch.where(edited, self._solref_raw, self._default_solref_mode))
+            if "joint_effort_limit" in changed and self._actuator_joint.numel():
+                scale = self.joint_effort_limit / self.defaults["joint_effort_limit"].clamp(min=1e-9)
+                self._actuator_forcerange[:, self._actuator_ids] = (
+                    self._default_actuator_forcerange * scale[:, self._actuator_joint, None])
+        flags = 0
+        for name in changed:
+            flags |= int(getattr(self._newton.ModelFlags, PARAMS[name]))
         self.solver.notify_model_changed(flags)
 
 
