@@ -1,0 +1,176 @@
+"""The fixed-rate control loop around a :class:`PolicyRunner`, with its safety layer.
+
+Each tick (period = the policy's control dt): read the robot state, check it, run the policy,
+clamp the targets, write them. Imports numpy only.
+
+Safety, in the order it is applied:
+
+- Watchdog: sensor data older than ``stale_after_s`` -> the loop HOLDS the last targets it
+  wrote (the policy does not run on stale data); older than ``damp_after_s`` -> it STOPS.
+- NaN guard: a non-finite value in the state or in the policy's output -> it STOPS.
+- STOP is latched (restart the loop to leave it): every later tick calls ``robot.damp()`` if
+  the robot has one (e.g. kp = 0, kd > 0 on hardware), else writes the last finite measured
+  joint positions as targets, so the PD servos only resist motion.
+- Clamps on every target written: inside the joint limits (minus ``limit_margin``), and at
+  most ``max_target_rate * dt`` away from the previous target.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+POLICY, HOLD, STOP = "policy", "hold", "stop"
+
+
+@runtime_checkable
+class RobotInterface(Protocol):
+    """What the loop needs from a robot. Implement it for your hardware (see MuJoCoRobot).
+
+    ``read_state()`` returns the dict described in :mod:`sim2real.deploy.policy`, with
+    ``timestamp`` [s] on the clock given to :class:`ControlLoop` (``now``). ``write_targets``
+    takes joint position targets (J,) [rad] in the policy's joint order. Optionally, ``damp()``
+    switches the joints to pure damping (used once the loop stops).
+    """
+
+    def read_state(self) -> dict: ...
+
+    def write_targets(self, joint_pos_targets: np.ndarray) -> None: ...
+
+
+@dataclass
+class SafetyConfig:
+    stale_after_s: float = 0.05  # sensor age [s] beyond which the last targets are held
+    damp_after_s: float = 0.25  # sensor age [s] beyond which the loop stops and damps
+    max_target_rate: float = 20.0  # [rad/s] largest change of any joint target
+    limit_margin: float = 0.0  # [rad] kept inside the joint limits
+
+
+@dataclass
+class LoopStats:
+    """Deadline statistics. ``latency`` is read -> write per tick [s]; a miss is a tick whose
+    work ended after its deadline (start of the next period)."""
+
+    period: float
+    latency: list = field(default_factory=list)
+    misses: int = 0
+    modes: dict = field(default_factory=lambda: {POLICY: 0, HOLD: 0, STOP: 0})
+    limit_clamped: int = 0  # ticks where the joint-limit clamp changed a target
+    rate_clamped: int = 0  # ticks where the rate clamp changed a target
+
+    def summary(self) -> dict:
+        lat = np.asarray(self.latency) if self.latency else np.zeros(1)
+        return {"ticks": len(self.latency), "period_ms": self.period * 1e3,
+                "latency_p50_us": float(np.percentile(lat, 50) * 1e6),
+                "latency_p99_us": float(np.percentile(lat, 99) * 1e6),
+                "misses": self.misses, "limit_clamped": self.limit_clamped, "rate_clamped": self.rate_clamped,
+                **self.modes}
+
+
+class ControlLoop:
+    """Runs a policy on a robot at the policy's control rate.
+
+    Args:
+        robot: a :class:`RobotInterface`.
+        runner: a :class:`~sim2real.deploy.policy.PolicyRunner` (its metadata gives dt and joint limits).
+        safety: watchdog and clamp settings.
+        now: the clock of the state timestamps [s]; ``time.monotonic`` for hardware, the
+            simulator's time for a simulated robot.
+        realtime: sleep to hold the period (hardware); ``False`` runs as fast as the robot steps.
+    """
+
+    def __init__(self, robot: RobotInterface, runner, safety: SafetyConfig | None = None,
+                 now: Callable[[], float] = time.monotonic, realtime: bool = True):
+        self.robot, self.runner, self.now, self.realtime = robot, runner, now, realtime
+        self.safety = safety or SafetyConfig()
+        self.dt = runner.control_dt
+        limits = np.asarray(runner.metadata["joint_limits"], np.float32)
+        self.lower = limits[:, 0] + self.safety.limit_margin
+        self.upper = limits[:, 1] - self.safety.limit_margin
+        self.stats = LoopStats(self.dt)
+        self.stopped: str | None = None  # why the loop stopped, once it has
+        self.last_targets: np.ndarray | None = None
+        self.last_joint_pos: np.ndarray | None = None
+
+    def clamp(self, targets: np.ndarray) -> np.ndarray:
+        """Targets inside the joint limits and within ``max_target_rate * dt`` of the previous ones."""
+        out = np.clip(targets, self.lower, self.upper)
+        self.stats.limit_clamped += int(not np.array_equal(out, targets))
+        if self.last_targets is not None:
+            step = self.safety.max_target_rate * self.dt
+            limited = np.clip(out, self.last_targets - step, self.last_targets + step)
+            self.stats.rate_clamped += int(not np.array_equal(limited, out))
+            out = limited
+        return out.astype(np.float32)
+
+    def stop(self, reason: str) -> None:
+        """Latches the stop; every later tick damps."""
+        if self.stopped is None:
+            self.stopped = reason
+
+    def _damp(self) -> None:
+        if hasattr(self.robot, "damp"):
+            self.robot.damp()
+        elif self.last_joint_pos is not None:
+            self.robot.write_targets(self.last_joint_pos)
+        elif self.last_targets is not None:
+            self.robot.write_targets(self.last_targets)
+
+    def step(self, command=None) -> str:
+        """One tick: returns the mode it ran in (``"policy"``, ``"hold"`` or ``"stop"``)."""
+        start = time.perf_counter()
+        mode = STOP
+        if self.stopped is None:
+            state = self.robot.read_state()
+            age = self.now() - float(state["timestamp"])
+            bad = [k for k, v in state.items() if not np.all(np.isfinite(v))]
+            if bad:
+                self.stop(f"non-finite robot state {bad}")
+            elif age > self.safety.damp_after_s:
+                self.stop(f"sensor data {age * 1e3:.0f} ms old (limit {self.safety.damp_after_s * 1e3:.0f} ms)")
+            elif age > self.safety.stale_after_s:
+                mode = HOLD
+                if self.last_targets is not None:
+                    self.robot.write_targets(self.last_targets)
+            else:
+                self.last_joint_pos = np.asarray(state["joint_pos"], np.float32).copy()
+                targets = self.runner.act(state, command)
+                if not np.all(np.isfinite(targets)):
+                    self.stop("non-finite policy output")
+                else:
+                    mode = POLICY
+                    self.last_targets = self.clamp(targets)
+                    self.robot.write_targets(self.last_targets)
+        if mode == STOP:
+            self._damp()
+        elapsed = time.perf_counter() - start
+        self.stats.latency.append(elapsed)
+        self.stats.modes[mode] += 1
+        if elapsed > self.dt:
+            self.stats.misses += 1
+        return mode
+
+    def run(self, steps: int, command: Callable[[int], np.ndarray] | np.ndarray | None = None) -> dict:
+        """``steps`` ticks at the control rate; ``command`` is fixed or a function of the tick.
+
+        Returns :meth:`LoopStats.summary`. Ctrl-C stops the loop (damping) and returns too.
+        """
+        next_tick = time.perf_counter()
+        try:
+            for k in range(steps):
+                self.step(command(k) if callable(command) else command)
+                if self.realtime:
+                    next_tick += self.dt
+                    delay = next_tick - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)
+                    else:  # late: count it and re-anchor instead of bursting to catch up
+                        self.stats.misses += int(self.stats.latency[-1] <= self.dt)
+                        next_tick = time.perf_counter()
+        except KeyboardInterrupt:
+            self.stop("interrupted")
+            self._damp()
+        return self.stats.summary()

@@ -1,0 +1,282 @@
+"""The exported policy on a robot computer: load, check, build observations, act.
+
+Imports numpy and onnxruntime only. ``legion export`` writes a folder with
+
+- ``policy.onnx``: the actor with its observation normalizer in the graph; input ``obs``
+  (B, obs_dim) float32, output ``actions`` (B, num_actions) float32. Recurrent policies add
+  ``h_in``/``h_out`` (and ``c_in``/``c_out`` for an LSTM), shaped (layers, B, hidden).
+- ``policy_fp16.onnx``: the same with float16 weights (float32 inputs and outputs).
+- ``policy.json``: the metadata embedded in the ONNX file (``metadata_props``, one JSON value
+  per key) plus the sha256 of each ONNX file, so a modified file is refused.
+
+A robot state is a dict of numpy arrays, in SI units and the joint order of
+``metadata["joint_names"]``:
+
+- ``joint_pos`` (J,) [rad], ``joint_vel`` (J,) [rad/s]
+- ``base_quat`` (4,) base orientation in the world frame, (x, y, z, w)
+- ``base_lin_vel`` (3,) [m/s] and ``base_ang_vel`` (3,) [rad/s], in the BASE frame (what an
+  IMU and a state estimator report)
+- ``base_pos`` (3,) [m], world frame (only if a policy term needs the base height)
+- ``timestamp`` [s]: when the sensors were sampled (used by the control loop's watchdog)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+METADATA_VERSION = 1
+REQUIRED_KEYS = (
+    "metadata_version", "joint_names", "default_joint_pos", "action", "joint_stiffness", "joint_damping",
+    "effort_limits", "joint_limits", "control_dt", "physics_dt", "decimation", "observation", "onnx",
+)
+
+
+class PolicyLoadError(RuntimeError):
+    """The exported policy cannot be used as it is; the message says why and what to do."""
+
+
+def quat_rotate_inverse(q: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Rotates vectors ``v`` (..., 3) from the world frame into the frame of ``q`` (..., 4), (x, y, z, w).
+
+    Same formula as tasks/mdp/math.py: v - w t + xyz x t with t = 2 xyz x v. Written out with
+    plain arithmetic: np.cross on 3-vectors costs more than the whole policy inference.
+    """
+    q, v = np.asarray(q, np.float32), np.asarray(v, np.float32)
+    if q.ndim == 1 and v.ndim == 1:  # one robot: Python floats are ~10x faster than numpy ops on 3-vectors
+        (x, y, z, w), (v0, v1, v2) = q.tolist(), v.tolist()
+    else:
+        x, y, z, w = q[..., 0:1], q[..., 1:2], q[..., 2:3], q[..., 3:4]
+        v0, v1, v2 = v[..., 0:1], v[..., 1:2], v[..., 2:3]
+    t0, t1, t2 = 2 * (y * v2 - z * v1), 2 * (z * v0 - x * v2), 2 * (x * v1 - y * v0)
+    out = [v0 - w * t0 + (y * t2 - z * t1), v1 - w * t1 + (z * t0 - x * t2), v2 - w * t2 + (x * t1 - y * t0)]
+    return np.array(out, np.float32) if q.ndim == 1 and v.ndim == 1 else np.concatenate(out, axis=-1)
+
+
+GRAVITY_DIR = np.array([0.0, 0.0, -1.0], np.float32)
+
+
+# Observation terms of tasks/mdp/observations.py, on one robot's state. Each takes
+# (state, command (3,), runner) and returns a (size,) float32 vector. The names are the
+# term functions' names (``func`` in the metadata), so a task may rename its terms freely.
+def _base_height(state, command, runner):
+    return np.asarray(state["base_pos"], np.float32)[2:3]
+
+
+OBSERVATION_TERMS = {
+    "base_lin_vel": lambda state, command, runner: state["base_lin_vel"],
+    "base_ang_vel": lambda state, command, runner: state["base_ang_vel"],
+    "projected_gravity": lambda state, command, runner: quat_rotate_inverse(state["base_quat"], GRAVITY_DIR),
+    "velocity_commands": lambda state, command, runner: command,
+    "joint_pos_rel": lambda state, command, runner: (np.asarray(state["joint_pos"], np.float32)
+                                                     - runner.default_joint_pos),
+    "joint_vel": lambda state, command, runner: state["joint_vel"],
+    "last_action": lambda state, command, runner: runner.last_action,
+    "base_height": _base_height,
+}
+# The robot-state keys each term reads (for clear errors at load time and at every step).
+TERM_STATE_KEYS = {
+    "base_lin_vel": ("base_lin_vel",), "base_ang_vel": ("base_ang_vel",), "projected_gravity": ("base_quat",),
+    "joint_pos_rel": ("joint_pos",), "joint_vel": ("joint_vel",), "base_height": ("base_pos",),
+    "velocity_commands": (), "last_action": (),
+}
+
+
+def sha256_file(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _providers(preferred: list[str] | None) -> list:
+    """TensorRT (FP16, engine cache), then CUDA, then CPU: whichever this onnxruntime build has."""
+    available = ort.get_available_providers()
+    if preferred is not None:
+        missing = [p for p in preferred if p not in available]
+        if missing:
+            raise PolicyLoadError(f"onnxruntime here lacks {missing}; available: {available}. "
+                                  "On a Jetson install NVIDIA's onnxruntime-gpu wheel for your JetPack.")
+        return list(preferred)
+    providers: list = []
+    if "TensorrtExecutionProvider" in available:
+        cache = str(Path.home() / ".cache" / "legion_trt")
+        providers.append(("TensorrtExecutionProvider", {"trt_fp16_enable": True, "trt_engine_cache_enable": True,
+                                                        "trt_engine_cache_path": cache}))
+    if "CUDAExecutionProvider" in available:
+        providers.append("CUDAExecutionProvider")
+    return providers + ["CPUExecutionProvider"]
+
+
+class OnnxPolicy:
+    """An exported policy: an onnxruntime session plus its checked metadata.
+
+    Args:
+        path: ``policy.onnx`` (or ``policy_fp16.onnx``) written by ``legion export``.
+        providers: onnxruntime execution providers; ``None`` picks TensorRT > CUDA > CPU.
+        check_hash: refuse a file whose sha256 differs from the one in ``policy.json`` beside it.
+
+    Raises:
+        PolicyLoadError: unreadable, truncated or modified file, or inconsistent metadata.
+    """
+
+    def __init__(self, path: str | Path, providers: list[str] | None = None, check_hash: bool = True):
+        path = Path(path)
+        hint = "Re-export it on the training machine (legion export run=<run folder>) and copy the whole folder."
+        if not path.is_file():
+            raise PolicyLoadError(f"{path} does not exist. {hint}")
+        sidecar = path.parent / "policy.json"
+        if check_hash and sidecar.is_file():
+            try:
+                files = json.loads(sidecar.read_text())["files"]
+            except (ValueError, KeyError) as e:
+                raise PolicyLoadError(f"{sidecar} is not a legion policy.json ({e}). {hint}") from e
+            expected, actual = files.get(path.name, {}).get("sha256"), sha256_file(path)
+            if expected is None:
+                raise PolicyLoadError(f"{sidecar} lists no sha256 for {path.name}. {hint}")
+            if actual != expected:
+                raise PolicyLoadError(
+                    f"{path} was modified or truncated after export: its sha256 is {actual[:12]}..., "
+                    f"policy.json says {expected[:12]}.... {hint}")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1  # batch-1 MLPs: one thread is fastest and leaves the cores to the robot
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=_providers(providers))
+        except Exception as e:  # onnxruntime raises its own exception types per failure
+            raise PolicyLoadError(f"{path} is not a loadable ONNX model (truncated or corrupted?): "
+                                  f"{e.__class__.__name__}: {str(e)[:300]}. {hint}") from e
+        props = self.session.get_modelmeta().custom_metadata_map
+        try:
+            self.metadata = {key: json.loads(value) for key, value in props.items()}
+        except ValueError as e:
+            raise PolicyLoadError(f"{path}: metadata_props hold invalid JSON ({e}). {hint}") from e
+        missing = [k for k in REQUIRED_KEYS if k not in self.metadata]
+        if missing:
+            raise PolicyLoadError(f"{path} carries no legion metadata {missing}: was it written by legion export? "
+                                  + hint)
+        if self.metadata["metadata_version"] != METADATA_VERSION:
+            raise PolicyLoadError(f"{path} has metadata version {self.metadata['metadata_version']}; "
+                                  f"this runtime reads version {METADATA_VERSION}. Update legion-rl on the robot.")
+        self.path = path
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.obs_dim = self.session.get_inputs()[0].shape[-1]
+        self.num_actions = self.session.get_outputs()[0].shape[-1]
+        self.recurrent = self.metadata["onnx"].get("recurrent")
+        self._check_consistency()
+
+    def _check_consistency(self) -> None:
+        meta, where = self.metadata, self.path
+        layout_size = sum(t["size"] for t in meta["observation"]["terms"])
+        if not (layout_size == meta["observation"]["size"] == self.obs_dim):
+            raise PolicyLoadError(f"{where}: the observation layout adds up to {layout_size} values (size "
+                                  f"{meta['observation']['size']}) but the model input 'obs' takes {self.obs_dim}. "
+                                  "The metadata was edited or belongs to another model; re-export.")
+        joints = len(meta["joint_names"])
+        lengths = {k: len(meta[k]) for k in ("default_joint_pos", "joint_stiffness", "joint_damping",
+                                             "effort_limits", "joint_limits")}
+        if any(n != joints for n in lengths.values()) or self.num_actions != len(meta["action"]["joint_ids"]):
+            raise PolicyLoadError(f"{where}: {joints} joint names but per-joint lists of lengths {lengths} and "
+                                  f"{self.num_actions} actions for {len(meta['action']['joint_ids'])} actuated joints. "
+                                  "Re-export.")
+        expected_inputs = ["obs"] + (["h_in", "c_in"] if self.recurrent and self.recurrent["type"] == "lstm"
+                                     else ["h_in"] if self.recurrent else [])
+        if self.input_names != expected_inputs:
+            raise PolicyLoadError(f"{where}: model inputs {self.input_names}, metadata implies {expected_inputs}. "
+                                  "Re-export.")
+
+    def initial_state(self, batch: int = 1) -> list[np.ndarray]:
+        """Zero recurrent state: [h] (GRU) or [h, c] (LSTM), each (layers, batch, hidden); [] for an MLP."""
+        if not self.recurrent:
+            return []
+        shape = (self.recurrent["num_layers"], batch, self.recurrent["hidden_size"])
+        return [np.zeros(shape, np.float32) for _ in self.input_names[1:]]
+
+    def __call__(self, obs: np.ndarray, state: list[np.ndarray] | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Actions (B, num_actions) and the next recurrent state for observations (B, obs_dim)."""
+        feeds = {"obs": np.ascontiguousarray(obs, dtype=np.float32)}
+        state = self.initial_state(feeds["obs"].shape[0]) if state is None else state
+        feeds.update(zip(self.input_names[1:], state))
+        outputs = self.session.run(None, feeds)
+        return outputs[0], outputs[1:]
+
+
+class PolicyRunner:
+    """One robot: robot state -> observation (exactly as training built it) -> joint position targets.
+
+    Args:
+        path: the exported ``policy.onnx``.
+        providers, check_hash: as :class:`OnnxPolicy`.
+
+    The observation is the concatenation of the training terms in the exported order, each
+    clipped to ``[-clip, clip]`` then multiplied by its scale (noise is a training-only term).
+    ``last_action`` is the previous action as it left the policy (after the action clip), and
+    the recurrent state is carried between calls; :meth:`reset` zeroes both.
+    """
+
+    def __init__(self, path: str | Path, providers: list[str] | None = None, check_hash: bool = True):
+        self.policy = OnnxPolicy(path, providers, check_hash)
+        meta = self.metadata = self.policy.metadata
+        action = meta["action"]
+        if action["type"] != "joint_position":
+            raise PolicyLoadError(f"{path}: action type '{action['type']}'. The edge runtime drives position-"
+                                  "controlled joints (action type joint_position); effort policies need their own "
+                                  "runner.")
+        self.joint_names: list[str] = meta["joint_names"]
+        self.control_dt: float = meta["control_dt"]
+        self.default_joint_pos = np.asarray(meta["default_joint_pos"], np.float32)
+        self.action_scale = np.asarray(action["scale"], np.float32)
+        self.action_offset = np.asarray(action["offset"], np.float32)
+        self.action_clip = action.get("clip")
+        self.terms = []
+        for term in meta["observation"]["terms"]:
+            func = OBSERVATION_TERMS.get(term["func"])
+            if func is None:
+                raise PolicyLoadError(f"{path}: observation term '{term['name']}' (function {term['func']}) has no "
+                                      f"edge-runtime version; known: {sorted(OBSERVATION_TERMS)}. "
+                                      "Add it to sim2real/deploy/policy.py OBSERVATION_TERMS.")
+            clip = term.get("clip")
+            self.terms.append((term["name"], func, term["size"], np.asarray(term["scale"], np.float32), clip))
+        self.state_keys = sorted({k for t in meta["observation"]["terms"] for k in TERM_STATE_KEYS[t["func"]]})
+        self.reset()
+
+    def reset(self) -> None:
+        """Start of an episode: zero last action and recurrent state."""
+        self.last_action = np.zeros(self.policy.num_actions, np.float32)
+        self.hidden = self.policy.initial_state(1)
+
+    def observation(self, state: dict, command=None) -> np.ndarray:
+        """(obs_dim,) float32 policy input for a robot state and a command (v_x, v_y, yaw rate) [m/s, m/s, rad/s]."""
+        missing = [k for k in self.state_keys if k not in state]
+        if missing:
+            raise KeyError(f"robot state lacks {missing} (the policy's observation needs {self.state_keys}); "
+                           "see sim2real/deploy/policy.py for the keys, units and frames")
+        command = np.zeros(3, np.float32) if command is None else np.asarray(command, np.float32)
+        obs = np.empty(self.policy.obs_dim, np.float32)
+        start = 0
+        for name, func, size, scale, clip in self.terms:
+            value = np.asarray(func(state, command, self), np.float32).reshape(-1)
+            if value.shape[0] != size:
+                raise ValueError(f"observation term '{name}' has {value.shape[0]} values, the policy expects {size}")
+            if clip is not None:
+                value = np.clip(value, -clip, clip)
+            np.multiply(value, scale, out=obs[start:start + size])
+            start += size
+        return obs
+
+    def act(self, state: dict, command=None) -> np.ndarray:
+        """Joint position targets (J,) [rad] = default + scale * action, for this state and command.
+
+        Also keeps the observation (``last_obs``) and action (``last_action``) it used.
+        """
+        self.last_obs = self.observation(state, command)
+        actions, self.hidden = self.policy(self.last_obs[None], self.hidden)
+        action = actions[0]
+        if self.action_clip:
+            action = np.clip(action, -self.action_clip, self.action_clip)
+        self.last_action = action.astype(np.float32)
+        return self.action_offset + self.action_scale * self.last_action

@@ -1,0 +1,444 @@
+"""`legion export`: a run's policy as ONNX with its contract, verified before it is written.
+
+Writes into ``<run>/exported/`` (or ``out=``):
+
+- ``policy.onnx``: one file, opset 17, dynamic batch axis, the observation normalizer in the
+  graph. Input ``obs`` (B, obs_dim), output ``actions`` (B, num_actions), float32. A recurrent
+  actor (rsl-rl's RNNModel, LSTM or GRU) adds ``h_in``/``h_out`` (and ``c_in``/``c_out``),
+  shaped (layers, B, hidden).
+- ``policy_fp16.onnx``: float16 weights and arithmetic, float32 inputs and outputs.
+- ``policy.json``: the metadata that is also embedded in each ONNX file's ``metadata_props``
+  (one JSON value per key), plus the sha256 of both files and the verification numbers.
+
+Verification, at every export (the command fails and writes nothing if any check fails):
+``onnx.checker`` (full check); onnxruntime against the torch policy on observations drawn from
+the environment (max |diff| <= 1e-5 for fp32, <= 1e-2 for fp16); every operator in the set
+TensorRT's ONNX parser supports (``TENSORRT_OPS``); the edge runtime loads the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import sys
+import warnings
+from pathlib import Path
+
+HELP = """usage: legion export run=<run folder> [checkpoint=PATH] [out=DIR] [steps=N] [key=value ...]
+
+Exports the run's latest checkpoint (or `checkpoint=`) to DIR (default <run>/exported/):
+policy.onnx (fp32, opset 17, dynamic batch, normalizer folded in), policy_fp16.onnx and
+policy.json (joint order, default pose, action scale/offset, PD gains, effort and joint limits,
+control dt, observation layout, command and randomization ranges, config hash, version).
+
+Every export is verified and the command fails if a check fails: onnx.checker; onnxruntime
+vs torch on observations from `steps` (default 50) policy steps in the task's env (max abs
+difference <= 1e-5 fp32, <= 1e-2 fp16); operators TensorRT's ONNX parser supports.
+Config keys can be overridden like `legion play` (default sim.num_envs=16); `+key=value` adds
+a key and `~key` removes one (e.g. `~task.reset_events` for a run saved before task.events).
+"""
+
+OPSET = 17
+FP32_TOLERANCE = 1e-5
+FP16_TOLERANCE = 1e-2
+
+# Operators TensorRT's ONNX parser (onnx-tensorrt, TensorRT 8.4+, as on JetPack 5/6) supports,
+# default ONNX domain. An exported graph may use these only.
+TENSORRT_OPS = frozenset("""
+Abs Acos Acosh Add And ArgMax ArgMin Asin Asinh Atan Atanh AveragePool BatchNormalization Cast Ceil Celu Clip
+Concat Constant ConstantOfShape Conv ConvTranspose Cos Cosh CumSum DepthToSpace DequantizeLinear Div Dropout
+Einsum Elu Equal Erf Exp Expand EyeLike Flatten Floor GRU Gather GatherElements GatherND Gemm GlobalAveragePool
+GlobalLpPool GlobalMaxPool Greater GreaterOrEqual HardSigmoid Identity If ImageScaler InstanceNormalization IsNaN
+LRN LSTM LeakyRelu Less LessOrEqual Log LogSoftmax Loop LpNormalization LpPool MatMul Max MaxPool Mean Min Mul
+Neg Not Or PRelu Pad ParametricSoftplus Pow QuantizeLinear RNN RandomUniform RandomUniformLike Range ReduceL1
+ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum ReduceSumSquare Relu
+Reshape Resize ReverseSequence Round ScaledTanh Scan Scatter ScatterElements ScatterND Selu Shape Sigmoid Sign
+Sin Sinh Size Slice Softmax Softplus Softsign SpaceToDepth Split Sqrt Squeeze Sub Sum Tan Tanh ThresholdedRelu
+Tile TopK Transpose Unsqueeze Upsample Where Xor
+""".split())
+
+
+class ExportError(RuntimeError):
+    """An export check failed; nothing was written."""
+
+
+def legion_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("legion-rl")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+# --- loading a run ---------------------------------------------------------------------------
+def parse_args(args: list[str], command: str, help_text: str, defaults: dict) -> tuple[Path, dict, list[str]]:
+    """Splits ``key=value`` args into (run folder, this command's own options, config overrides)."""
+    deletions = [a for a in args if a.startswith("~")]
+    pairs = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("~"))
+    bad = [a for a in args if "=" not in a and not a.startswith("~")]
+    if bad or "run" not in pairs:
+        sys.exit(f"legion {command}: expected run=<run folder> and key=value options, got {' '.join(args) or 'nothing'}"
+                 f"\n\n{help_text}")
+    run = Path(pairs.pop("run"))
+    if not (run / "config.yaml").is_file():
+        sys.exit(f"legion {command}: {run} is not a run folder (no config.yaml). Runs are under runs/<task>/.")
+    options = {key: pairs.pop(key, default) for key, default in defaults.items()}
+    return run, options, deletions + [f"{k}={v}" for k, v in pairs.items()]
+
+
+def load_run(run: Path, checkpoint: str | Path | None = None, overrides: list[str] = (), num_envs: int = 16):
+    """The run's env (observation noise off) and its trained policy.
+
+    Returns (cfg, env, runner, checkpoint path). ``overrides`` are ``key=value`` config
+    overrides; ``sim.num_envs`` defaults to ``min(num_envs, the run's)``.
+    """
+    from omegaconf import OmegaConf, open_dict
+
+    from agents.runner import CheckpointError, Runner, latest_checkpoint
+    from legion.cli import _container, _setup_process, make_env, seed_everything
+
+    cfg = OmegaConf.load(run / "config.yaml")
+    OmegaConf.set_struct(cfg, True)
+    overrides = list(overrides)
+    if not any(o.startswith("sim.num_envs=") for o in overrides):
+        overrides.append(f"sim.num_envs={min(num_envs, cfg.sim.num_envs)}")
+    # As in Hydra: `key=value` must name an existing key (typos fail), `+key=value` adds one,
+    # `~key` deletes one (e.g. a section an older run's config has and the current code refuses).
+    try:
+        for override in (o for o in overrides if o.startswith("~")):
+            *parents, leaf = override[1:].split("=")[0].split(".")
+            node = OmegaConf.select(cfg, ".".join(parents)) if parents else cfg
+            if node is None or leaf not in node:
+                raise KeyError(f"{override}: no key {override[1:]} in the run's config")
+            with open_dict(node):
+                del node[leaf]
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o for o in overrides if o[0] not in "+~"]))
+        with open_dict(cfg):
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o[1:] for o in overrides if o.startswith("+")]))
+    except Exception as e:
+        raise ExportError(f"bad override: {e}") from e
+    checkpoint = Path(checkpoint) if checkpoint else latest_checkpoint(run)
+    if not checkpoint.is_file():
+        raise CheckpointError(f"{checkpoint} does not exist. Checkpoints of this run: "
+                              f"{sorted(p.name for p in run.glob('model_*.pt')) or 'none'}")
+    _setup_process()
+    seed_everything(cfg.seed)
+    try:
+        env = make_env(cfg)
+    except ValueError as e:
+        raise ExportError(f"the run's config.yaml does not build an env with this code: {e}\nFix it on the "
+                          "command line: key=value changes a key, +key=value adds one, ~key removes one.") from e
+    env.noise_enabled = False
+    runner = Runner(env, _container(cfg.agent), log_dir=None, device=cfg.device)
+    runner.load(checkpoint)
+    return cfg, env, runner, checkpoint
+
+
+# --- metadata --------------------------------------------------------------------------------
+def build_metadata(env, cfg, run: Path, checkpoint: Path, actor) -> dict:
+    """Everything a robot needs besides the network, as JSON-able values (lists, floats, str)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from agents.runner import load_checkpoint
+
+    sim = env.sim
+    layout = env.observation_layout()
+    terms, start = [], 0
+    for group in actor.obs_groups:  # the actor's input is its groups concatenated in this order
+        for entry, term in zip(layout[group], env.observation_terms[group]):
+            terms.append({"group": group, "name": entry["name"], "func": term.func.__name__, "start": start,
+                          "size": entry["size"], "scale": entry["scale"], "clip": entry["clip"]})
+            start += entry["size"]
+    action_cfg = OmegaConf.to_container(cfg.task.action, resolve=True)
+    joint_ids = list(getattr(env.action, "joint_ids", range(sim.num_joints)))
+    if action_cfg["type"] == "joint_position":
+        offset = env.default_joint_pos[0, joint_ids]
+    else:
+        offset = torch.zeros(len(joint_ids))
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    saved = load_checkpoint(checkpoint)
+    env_state = saved.get("env")  # the env's state_dict, in checkpoints that keep one
+    saved_ranges = env_state.get("randomization") if isinstance(env_state, dict) else None
+    configured = {name: spec for name, spec in (task.get("events") or {}).items() if (spec or {}).get("enabled", True)}
+    # The enabled event terms as configured, with the ranges in effect at the checkpoint (a
+    # curriculum may have moved them).
+    randomization = {name: {**(configured.get(name) or {}), **entry} for name, entry in saved_ranges.items()} \
+        if saved_ranges else configured
+    recurrent = None
+    if getattr(actor, "is_recurrent", False):
+        rnn = actor.rnn.rnn
+        recurrent = {"type": "lstm" if isinstance(rnn, torch.nn.LSTM) else "gru", "hidden_size": rnn.hidden_size,
+                     "num_layers": rnn.num_layers}
+    state_names = [] if not recurrent else ["h_in", "c_in"] if recurrent["type"] == "lstm" else ["h_in"]
+    inputs = ["obs"] + state_names
+    outputs = ["actions"] + [name.replace("_in", "_out") for name in inputs[1:]]
+
+    def nominal(name: str) -> torch.Tensor:
+        """World 0's value before any randomization (the robot model's own)."""
+        defaults = getattr(sim, "defaults", {})
+        if name in defaults:
+            return defaults[name][0]
+        return sim.effort_limits if name == "joint_effort_limit" else getattr(sim, name)[0]
+
+    def floats(t: torch.Tensor) -> list:
+        # 7 significant digits: float32's precision, without float32's decimal noise (23.7000008)
+        return [float(f"{v:.7g}") for v in t.reshape(-1).tolist()] if t.dim() <= 1 else [floats(r) for r in t]
+
+    return {
+        "metadata_version": 1,
+        "legion_version": legion_version(),
+        "task": cfg.task.name,
+        "robot": cfg.task.robot,
+        "checkpoint": checkpoint.name,
+        "iteration": int(saved["iteration"]),
+        "config_sha256": hashlib.sha256((run / "config.yaml").read_bytes()).hexdigest(),
+        "joint_names": list(sim.joint_names),
+        "default_joint_pos": floats(env.default_joint_pos[0]),
+        "default_root_height": task.get("default_root_height"),
+        "action": {"type": action_cfg["type"], "joint_ids": joint_ids, "scale": float(env.action.scale),
+                   "offset": floats(offset), "clip": env.action.clip},
+        "joint_stiffness": floats(nominal("joint_stiffness")),
+        "joint_damping": floats(nominal("joint_damping")),
+        "effort_limits": floats(nominal("joint_effort_limit")),
+        "joint_limits": floats(sim.joint_limits),
+        "control_dt": float(env.step_dt),
+        "physics_dt": float(sim.physics_dt),
+        "decimation": int(sim.decimation),
+        "observation": {"groups": list(actor.obs_groups), "size": start, "terms": terms},
+        "commands": task.get("commands"),
+        "randomization": randomization,
+        "ground_friction": task.get("ground_friction"),
+        "normalizer": "in the graph: (obs - mean) / (std + eps)" if actor.obs_normalization else "none",
+        "onnx": {"opset": OPSET, "inputs": inputs, "outputs": outputs, "recurrent": recurrent,
+                 "obs_dim": start, "num_actions": env.num_actions},
+    }
+
+
+# --- export and verification -----------------------------------------------------------------
+def to_onnx(actor, metadata: dict | None = None):
+    """The deterministic actor (normalizer included) as an ``onnx.ModelProto``, with the metadata
+    in ``metadata_props`` if given."""
+    import onnx
+    import torch
+
+    module = actor.as_onnx(verbose=False)  # rsl-rl's export wrapper: normalizer -> (RNN) -> MLP -> mean
+    module = module.to("cpu").eval()
+    inputs, outputs = module.input_names, module.output_names  # obs [h_in [c_in]] -> actions [h_out [c_out]]
+    dynamic_axes = {name: {0: "batch"} for name in ("obs", "actions")}
+    dynamic_axes.update({name: {1: "batch"} for name in inputs[1:] + outputs[1:]})
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
+        # dynamo=False: the TorchScript exporter (PLATFORM.md: ~15x faster, needs no onnxscript).
+        torch.onnx.export(module, module.get_dummy_inputs(), buffer, opset_version=OPSET, input_names=inputs,
+                          output_names=outputs, dynamic_axes=dynamic_axes, dynamo=False)
+    model = onnx.load_from_string(buffer.getvalue())
+    return with_metadata(model, metadata) if metadata else model
+
+
+def with_metadata(model, metadata: dict):
+    del model.metadata_props[:]
+    for key, value in metadata.items():
+        model.metadata_props.add(key=key, value=json.dumps(value))
+    model.producer_name, model.producer_version = "legion-rl", metadata["legion_version"]
+    model.doc_string = f"legion-rl policy for task {metadata['task']} ({metadata['checkpoint']})"
+    return model
+
+
+def to_fp16(model, metadata: dict | None = None):
+    """float16 weights and arithmetic; inputs and outputs stay float32 (Cast nodes at the edges)."""
+    from onnxruntime.transformers import float16
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        half = float16.convert_float_to_float16(model, keep_io_types=True)
+    # The converter appends its input Casts after the nodes that read them; ONNX wants
+    # topological order (onnx.checker refuses the file otherwise).
+    known = {i.name for i in half.graph.input} | {i.name for i in half.graph.initializer} | {""}
+    pending, ordered = list(half.graph.node), []
+    while pending:
+        ready = [n for n in pending if all(name in known for name in n.input)]
+        if not ready:
+            raise ExportError("fp16 conversion produced a graph with a cycle or a dangling input")
+        for node in ready:
+            ordered.append(node)
+            known.update(node.output)
+        pending = [n for n in pending if n not in ready]
+    del half.graph.node[:]
+    half.graph.node.extend(ordered)
+    return with_metadata(half, metadata) if metadata else half
+
+
+def check_model(model, name: str) -> list[str]:
+    """onnx.checker (full) and TensorRT's operator set; returns the operators used."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise ExportError(f"{name}: onnx.checker failed: {e}") from e
+    ops = sorted({(node.domain or "ai.onnx", node.op_type) for node in model.graph.node})
+    unsupported = [f"{domain}::{op}" for domain, op in ops if domain != "ai.onnx" or op not in TENSORRT_OPS]
+    if unsupported:
+        raise ExportError(f"{name}: operators {unsupported} are outside TensorRT's ONNX parser set "
+                          "(sim2real/export.py TENSORRT_OPS): the engine build on the robot would fail.")
+    return [op for _, op in ops]
+
+
+def reference_actions(actor, observations: list) -> tuple[list, list]:
+    """The torch policy's deterministic actions (and final recurrent state) on a sequence of TensorDicts."""
+    import torch
+
+    actions = []
+    with torch.inference_mode():
+        actor.reset()
+        for obs in observations:
+            actions.append(actor(obs).cpu().numpy())
+        hidden = actor.get_hidden_state()
+    hidden = [] if hidden is None else [h.cpu().numpy() for h in (hidden if isinstance(hidden, tuple) else (hidden,))]
+    return actions, hidden
+
+
+def compare(model_bytes: bytes, actor, observations: list, expected: tuple, tolerance: float, name: str) -> float:
+    """Max |onnxruntime - torch| over actions (and recurrent state) on the observation sequence.
+
+    MLPs run the whole set as one batch and also row by row for a few rows (batch 1).
+    """
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    input_names = [i.name for i in session.get_inputs()]
+    flat = [torch.cat([obs[g] for g in actor.obs_groups], dim=-1).cpu().numpy() for obs in observations]
+    actions, hidden = expected
+    if len(input_names) == 1:
+        got = session.run(None, {"obs": np.concatenate(flat)})[0]
+        error = float(np.abs(got - np.concatenate(actions)).max())
+        for row in range(min(4, len(flat[0]))):
+            single = session.run(None, {"obs": flat[0][row:row + 1]})[0]
+            error = max(error, float(np.abs(single - actions[0][row:row + 1]).max()))
+    else:
+        batch = flat[0].shape[0]
+        rnn = actor.rnn.rnn
+        state = [np.zeros((rnn.num_layers, batch, rnn.hidden_size), np.float32) for _ in input_names[1:]]
+        error = 0.0
+        for obs, ref in zip(flat, actions):
+            out = session.run(None, {"obs": obs, **dict(zip(input_names[1:], state))})
+            state = out[1:]
+            error = max(error, float(np.abs(out[0] - ref).max()))
+        for got_h, ref_h in zip(state, hidden):
+            error = max(error, float(np.abs(got_h - ref_h).max()))
+    if not error <= tolerance:  # also catches NaN
+        raise ExportError(f"{name}: onnxruntime differs from the torch policy by {error:.3g} (limit {tolerance:g}) "
+                          f"on {sum(len(f) for f in flat)} observations from the environment.")
+    return error
+
+
+def sample_observations(env, actor, steps: int) -> list:
+    """TensorDicts of the actor's observations along ``steps`` deterministic policy steps in ``env``."""
+    import torch
+
+    observations = []
+    obs = env.get_observations()
+    with torch.inference_mode():
+        actor.reset()
+        for _ in range(steps):
+            observations.append(obs.clone())
+            obs, _, dones, _ = env.step(actor(obs))
+            actor.reset(dones)
+    return observations
+
+
+def export_policy(actor, metadata: dict, observations: list, out_dir: Path) -> dict:
+    """Exports, verifies, then writes policy.onnx, policy_fp16.onnx and policy.json into ``out_dir``.
+
+    Returns the verification report. Raises :class:`ExportError` (writing nothing) if a check fails.
+    """
+    import copy
+
+    from sim2real.deploy.policy import OnnxPolicy
+
+    actor.reset()  # drops any recurrent state (inference tensors do not deep-copy)
+    actor = copy.deepcopy(actor).cpu().eval()
+    observations = [obs.to("cpu") for obs in observations]
+    expected = reference_actions(actor, observations)
+    model = to_onnx(actor, metadata)
+    half = to_fp16(model, metadata)
+    report = {"observations": sum(obs.batch_size[0] for obs in observations)}
+    files = {}
+    for name, proto, tolerance in (("policy.onnx", model, FP32_TOLERANCE), ("policy_fp16.onnx", half, FP16_TOLERANCE)):
+        ops = check_model(proto, name)
+        data = proto.SerializeToString()
+        error = compare(data, actor, observations, expected, tolerance, name)
+        files[name] = data
+        report[name] = {"max_abs_diff": error, "tolerance": tolerance, "operators": ops, "bytes": len(data)}
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = {name: out_dir / f".{name}.tmp" for name in files}
+    for name, data in files.items():
+        tmp[name].write_bytes(data)
+        try:  # the edge runtime itself must accept the file (metadata consistency included)
+            OnnxPolicy(tmp[name], providers=["CPUExecutionProvider"], check_hash=False)
+        except Exception as e:
+            for path in tmp.values():
+                path.unlink(missing_ok=True)
+            raise ExportError(f"{name}: the edge runtime refuses it: {e}") from e
+    sidecar = {**metadata, "files": {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+                                     for name, data in files.items()},
+               "verification": report}
+    for name, path in tmp.items():
+        path.replace(out_dir / name)
+    (out_dir / "policy.json").write_text(to_json(sidecar))
+    return report
+
+
+def to_json(data: dict) -> str:
+    """Indented JSON with each list of numbers or names on one line (readable per-joint lists)."""
+    text = json.dumps(data, indent=2)
+    compact = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]",
+                     text)
+    return (compact if json.loads(compact) == data else text) + "\n"
+
+
+def export_run(run: Path, checkpoint=None, out_dir: Path | None = None, steps: int = 50, overrides=(),
+               loaded=None) -> tuple[Path, dict]:
+    """``legion export`` as a function: returns (output folder, verification report).
+
+    ``loaded`` reuses a ``load_run`` result (cfg, env, runner, checkpoint) instead of building one.
+    """
+    cfg, env, runner, checkpoint = loaded or load_run(run, checkpoint, overrides)
+    actor = runner.ppo.get_policy()
+    actor.eval()
+    metadata = build_metadata(env, cfg, run, checkpoint, actor)
+    observations = sample_observations(env, actor, steps)
+    out_dir = Path(out_dir) if out_dir else run / "exported"
+    return out_dir, export_policy(actor, metadata, observations, out_dir)
+
+
+def main(args: list[str]) -> None:
+    if any(a in ("-h", "--help") for a in args):
+        print(HELP)
+        return
+    run, options, overrides = parse_args(args, "export", HELP, {"checkpoint": None, "out": None, "steps": "50"})
+    from agents.runner import CheckpointError
+
+    try:
+        out_dir, report = export_run(run, options["checkpoint"], options["out"], int(options["steps"]), overrides)
+    except (ExportError, CheckpointError) as e:
+        sys.exit(f"legion export: {e}")
+    meta = json.loads((out_dir / "policy.json").read_text())
+    print(f"[legion] exported {meta['checkpoint']} of {run} -> {out_dir}")
+    for name in ("policy.onnx", "policy_fp16.onnx"):
+        r = report[name]
+        print(f"  {name:17s} {r['bytes'] / 1e6:6.2f} MB  onnxruntime vs torch max |diff| {r['max_abs_diff']:.2e} "
+              f"(limit {r['tolerance']:g}) on {report['observations']} env observations")
+    print(f"  operators         {', '.join(report['policy.onnx']['operators'])} (all in TensorRT's ONNX parser set)")
+    obs = meta["observation"]
+    print(f"  policy.json       {len(meta['joint_names'])} joints, obs {obs['size']} = "
+          + " + ".join(f"{t['name']}[{t['size']}]" for t in obs["terms"])
+          + f", control dt {meta['control_dt']:g} s, recurrent: {meta['onnx']['recurrent'] or 'no'}")

@@ -1,0 +1,445 @@
+"""Sim-to-real: ONNX export and its checks, the edge runtime (parity, safety), a deploy-only venv, sim2sim."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import version
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from conftest import ROOT, compose
+
+LEGION = [sys.executable, "-m", "legion.cli"]
+
+
+def legion(*args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([*LEGION, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run folder (config.yaml + model_1.pt) of a quadruped_flat policy with a non-trivial
+    observation normalizer, its exported folder, and the live env and runner."""
+    from omegaconf import OmegaConf
+
+    from agents.runner import Runner
+    from legion.cli import _container, make_env
+    from sim2real.export import export_run
+
+    run = tmp_path_factory.mktemp("run")
+    cfg = compose("task=quadruped_flat", "sim.num_envs=4")
+    OmegaConf.save(cfg, run / "config.yaml", resolve=True)
+    torch.manual_seed(0)
+    env = make_env(cfg)
+    runner = Runner(env, _container(cfg.agent), log_dir=None)
+    actor = runner.ppo.get_policy()
+    actor.train()
+    with torch.inference_mode():
+        obs = env.get_observations()
+        for _ in range(10):  # normalizer statistics from the env; random actions move every joint
+            actor.update_normalization(obs)
+            obs, *_ = env.step(0.5 * torch.randn(env.num_envs, env.num_actions))
+    actor.eval()
+    runner.iteration = 1
+    runner.save(run / "model_1.pt")
+    env.noise_enabled = False
+    out, report = export_run(run, loaded=(cfg, env, runner, run / "model_1.pt"), steps=10)
+    return {"run": run, "out": out, "report": report, "env": env, "runner": runner, "cfg": cfg}
+
+
+def robot_state(env, i: int) -> dict:
+    """What a robot's sensors and estimator report for world ``i``: velocities in the base frame."""
+    from tasks.mdp.math import quat_rotate_inverse
+
+    sim = env.sim
+    quat = sim.root_quat[i:i + 1]
+    return {
+        "joint_pos": sim.joint_pos[i].numpy().copy(), "joint_vel": sim.joint_vel[i].numpy().copy(),
+        "base_quat": sim.root_quat[i].numpy().copy(), "base_pos": sim.root_pos[i].numpy().copy(),
+        "base_lin_vel": quat_rotate_inverse(quat, sim.root_lin_vel[i:i + 1])[0].numpy(),
+        "base_ang_vel": quat_rotate_inverse(quat, sim.root_ang_vel[i:i + 1])[0].numpy(),
+        "timestamp": 0.0,
+    }
+
+
+# --- export ------------------------------------------------------------------------------------
+def test_export_verifies_fp32_and_fp16(trained):
+    report, out = trained["report"], trained["out"]
+    assert sorted(p.name for p in out.iterdir()) == ["policy.json", "policy.onnx", "policy_fp16.onnx"]
+    assert report["policy.onnx"]["max_abs_diff"] <= 1e-5
+    assert 0 < report["policy_fp16.onnx"]["max_abs_diff"] <= 1e-2  # fp16 really is half precision
+    assert report["observations"] == 40  # 10 policy steps x 4 envs
+    assert report["policy.onnx"]["operators"] == ["Div", "Elu", "Gemm", "Sub"]
+    model = onnx.load(out / "policy.onnx")
+    assert model.opset_import[0].version == 17
+    assert not any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer)
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"  # dynamic batch
+    half = onnx.load(out / "policy_fp16.onnx")
+    assert half.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT  # float32 I/O
+    assert half.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert {i.data_type for i in half.graph.initializer} == {onnx.TensorProto.FLOAT16}
+
+
+def test_onnx_matches_torch_on_env_observations(trained):
+    from sim2real.deploy import OnnxPolicy
+
+    env, actor = trained["env"], trained["runner"].ppo.get_policy()
+    with torch.inference_mode():
+        obs = env.get_observations()
+        expected = actor(obs).numpy()
+    policy = OnnxPolicy(trained["out"] / "policy.onnx")
+    actions, _ = policy(obs["policy"].numpy())
+    assert np.abs(actions - expected).max() <= 1e-5
+    single, _ = policy(obs["policy"][2:3].numpy())  # batch 1 through the dynamic axis
+    assert np.abs(single - expected[2:3]).max() <= 1e-5
+    half, _ = OnnxPolicy(trained["out"] / "policy_fp16.onnx")(obs["policy"].numpy())
+    assert np.abs(half - expected).max() <= 1e-2
+
+
+def test_metadata_round_trip(trained):
+    from sim2real.deploy import PolicyRunner
+
+    env, cfg, out = trained["env"], trained["cfg"], trained["out"]
+    sidecar = json.loads((out / "policy.json").read_text())
+    files, verification = sidecar.pop("files"), sidecar.pop("verification")
+    for name in ("policy.onnx", "policy_fp16.onnx"):
+        embedded = {p.key: json.loads(p.value) for p in onnx.load(out / name).metadata_props}
+        assert embedded == sidecar
+        assert files[name]["sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest()
+    meta = PolicyRunner(out / "policy.onnx").metadata
+    assert meta == sidecar and verification["policy.onnx"]["max_abs_diff"] <= 1e-5
+
+    sim = env.sim
+    assert meta["joint_names"] == sim.joint_names
+    assert meta["default_joint_pos"] == pytest.approx(env.default_joint_pos[0].tolist(), abs=1e-6)
+    assert meta["action"] == {"type": "joint_position", "joint_ids": list(range(12)), "scale": 0.25,
+                              "offset": meta["default_joint_pos"], "clip": None}
+    assert meta["joint_stiffness"] == [80.0] * 12 and meta["joint_damping"] == [2.0] * 12
+    assert meta["effort_limits"] == pytest.approx([23.7, 23.7, 45.43] * 4)
+    assert np.allclose(meta["joint_limits"], sim.joint_limits.numpy(), atol=1e-6)
+    assert (meta["control_dt"], meta["physics_dt"], meta["decimation"]) == pytest.approx((0.02, 0.005, 4))
+    layout = env.observation_layout()["policy"]
+    assert [(t["name"], t["size"], t["scale"], t["clip"]) for t in meta["observation"]["terms"]] == \
+        [(t["name"], t["size"], t["scale"], t["clip"]) for t in layout]
+    assert meta["observation"]["size"] == 48 and not any("noise" in t for t in meta["observation"]["terms"])
+    assert meta["commands"]["lin_vel_x"] == list(cfg.task.commands.lin_vel_x)
+    # The enabled event terms: from the checkpoint's env state, else the task config.
+    assert "friction" in meta["randomization"] and "restitution" not in meta["randomization"]
+    assert meta["config_sha256"] == hashlib.sha256((trained["run"] / "config.yaml").read_bytes()).hexdigest()
+    assert meta["legion_version"] == version("legion-rl")
+    assert meta["onnx"]["recurrent"] is None and meta["checkpoint"] == "model_1.pt"
+
+
+# --- the edge runtime against the env -------------------------------------------------------------
+def test_numpy_rotation_matches_training_math():
+    from sim2real.deploy import quat_rotate_inverse
+    from tasks.mdp.math import quat_rotate_inverse as torch_rotate
+
+    q = torch.nn.functional.normalize(torch.randn(64, 4), dim=-1)
+    v = torch.randn(64, 3)
+    expected = torch_rotate(q, v).numpy()
+    assert np.abs(quat_rotate_inverse(q.numpy(), v.numpy()) - expected).max() < 1e-5  # batched
+    single = np.stack([quat_rotate_inverse(q[i].numpy(), v[i].numpy()) for i in range(64)])  # one robot
+    assert np.abs(single - expected).max() < 1e-5
+
+
+def test_runtime_observation_and_targets_match_env(trained):
+    """Lock-step with world 0: same observation (noise off), same action, same joint targets."""
+    from sim2real.deploy import PolicyRunner
+
+    env, actor = trained["env"], trained["runner"].ppo.get_policy()
+    runtime = PolicyRunner(trained["out"] / "policy.onnx")
+    obs_error = action_error = target_error = 0.0
+    with torch.inference_mode():
+        env.reset()
+        runtime.reset()
+        obs = env.get_observations()
+        for _ in range(15):
+            state, command = robot_state(env, 0), env.command.value[0].numpy()
+            obs_error = max(obs_error, np.abs(runtime.observation(state, command) - obs["policy"][0].numpy()).max())
+            targets = runtime.act(state, command)
+            actions = actor(obs)
+            action_error = max(action_error, np.abs(runtime.last_action - actions[0].numpy()).max())
+            obs, _, dones, _ = env.step(actions)
+            assert not dones[0]
+            target_error = max(target_error, np.abs(targets - env.sim.joint_target_pos[0].numpy()).max())
+    assert obs_error <= 1e-5 and action_error <= 1e-5 and target_error <= 1e-5
+    assert np.abs(runtime.last_action).max() > 0.05  # the comparison covered a moving last_action
+
+
+def test_runtime_names_missing_state_keys(trained):
+    from sim2real.deploy import PolicyRunner
+
+    runtime = PolicyRunner(trained["out"] / "policy.onnx")
+    state = robot_state(trained["env"], 0)
+    del state["base_quat"]
+    with pytest.raises(KeyError, match="robot state lacks \\['base_quat'\\]"):
+        runtime.act(state)
+
+
+def test_recurrent_policies_export_with_hidden_state(trained, tmp_path):
+    """rsl-rl's RNNModel (LSTM and GRU): explicit h/c inputs and outputs, carried by the runtime."""
+    from rsl_rl.models import RNNModel
+
+    from sim2real.deploy import OnnxPolicy
+    from sim2real.export import build_metadata, export_policy, sample_observations
+
+    env = trained["env"]
+    for rnn_type in ("lstm", "gru"):
+        actor = RNNModel(env.get_observations(), {"actor": ["policy"]}, "actor", env.num_actions, hidden_dims=[64, 64],
+                         obs_normalization=True, rnn_type=rnn_type, rnn_hidden_dim=32, rnn_num_layers=2,
+                         distribution_cfg={"class_name": "GaussianDistribution", "init_std": 1.0})
+        actor.eval()
+        metadata = build_metadata(env, trained["cfg"], trained["run"], trained["run"] / "model_1.pt", actor)
+        observations = sample_observations(env, actor, 6)
+        report = export_policy(actor, metadata, observations, tmp_path / rnn_type)
+        assert report["policy.onnx"]["max_abs_diff"] <= 1e-5 and report["policy_fp16.onnx"]["max_abs_diff"] <= 1e-2
+
+        policy = OnnxPolicy(tmp_path / rnn_type / "policy.onnx")
+        assert policy.recurrent == {"type": rnn_type, "hidden_size": 32, "num_layers": 2}
+        assert policy.input_names == (["obs", "h_in", "c_in"] if rnn_type == "lstm" else ["obs", "h_in"])
+        state, actions = policy.initial_state(1), []
+        for obs in observations:
+            action, state = policy(obs["policy"][:1].numpy(), state)
+            actions.append(action[0])
+        with torch.inference_mode():
+            actor.reset()
+            expected = [actor(obs[:1]).numpy()[0] for obs in observations]
+        assert np.abs(np.array(actions) - np.array(expected)).max() <= 1e-5
+        assert np.abs(actions[-1] - policy(observations[-1]["policy"][:1].numpy())[0][0]).max() > 1e-4  # memory matters
+
+
+def test_export_fails_on_a_broken_policy(trained, tmp_path):
+    import copy
+
+    from sim2real.export import ExportError, build_metadata, export_policy
+
+    env, runner = trained["env"], trained["runner"]
+    actor = copy.deepcopy(runner.ppo.get_policy())
+    with torch.no_grad():
+        actor.mlp[0].bias[0] = float("nan")
+    metadata = build_metadata(env, trained["cfg"], trained["run"], trained["run"] / "model_1.pt", actor)
+    with pytest.raises(ExportError, match="onnxruntime differs from the torch policy by nan"):
+        export_policy(actor, metadata, [env.get_observations()], tmp_path / "broken")
+    assert not (tmp_path / "broken").exists() or not any((tmp_path / "broken").iterdir())
+
+
+# --- damaged files --------------------------------------------------------------------------------
+def test_truncated_or_tampered_files_are_refused(trained, tmp_path):
+    from sim2real.deploy import PolicyLoadError, PolicyRunner
+
+    data = (trained["out"] / "policy.onnx").read_bytes()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "policy.onnx").write_bytes(data[: len(data) // 2])
+    with pytest.raises(PolicyLoadError, match=r"not a loadable ONNX model \(truncated or corrupted\?\).*legion export"):
+        PolicyRunner(bare / "policy.onnx")
+
+    folder = tmp_path / "with_json"
+    shutil.copytree(trained["out"], folder)
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xFF  # one weight byte: onnxruntime alone would load this
+    (folder / "policy.onnx").write_bytes(bytes(flipped))
+    with pytest.raises(PolicyLoadError, match="modified or truncated after export.*sha256"):
+        PolicyRunner(folder / "policy.onnx")
+
+    model = onnx.load(trained["out"] / "policy.onnx")  # metadata edited by hand, no policy.json
+    for prop in model.metadata_props:
+        if prop.key == "observation":
+            layout = json.loads(prop.value)
+            layout["terms"] = layout["terms"][:-1]
+            prop.value = json.dumps(layout)
+    onnx.save(model, bare / "edited.onnx")
+    with pytest.raises(PolicyLoadError, match="observation layout adds up to 36 values"):
+        PolicyRunner(bare / "edited.onnx")
+
+    del model.metadata_props[:]
+    onnx.save(model, bare / "foreign.onnx")
+    with pytest.raises(PolicyLoadError, match="carries no legion metadata"):
+        PolicyRunner(bare / "foreign.onnx")
+
+
+# --- the control loop's safety layer, on the MuJoCo robot ---------------------------------------------
+class FlakySensors:
+    """Wraps a MuJoCoRobot: ``freeze()`` makes read_state return the last sample forever;
+    ``poison`` puts a NaN into the next joint velocity reading."""
+
+    def __init__(self, robot):
+        self.robot, self.frozen, self.poison = robot, None, False
+
+    def freeze(self):
+        self.frozen = self.robot.read_state()
+
+    def read_state(self):
+        state = self.frozen if self.frozen is not None else self.robot.read_state()
+        if self.poison:
+            state = {**state, "joint_vel": np.full_like(state["joint_vel"], np.nan)}
+        return state
+
+    def write_targets(self, targets):
+        self.robot.write_targets(targets)
+
+
+@pytest.fixture
+def mujoco_loop(trained):
+    from sim2real.deploy import ControlLoop, PolicyRunner, SafetyConfig
+    from sim2real.deploy.mujoco_robot import MuJoCoRobot
+
+    runner = PolicyRunner(trained["out"] / "policy.onnx")
+    robot = MuJoCoRobot(ROOT / "tasks" / "assets" / "quadruped.xml", runner.metadata)
+    sensors = FlakySensors(robot)
+    safety = SafetyConfig(stale_after_s=0.05, damp_after_s=0.25)
+    return ControlLoop(sensors, runner, safety, now=robot.time, realtime=False), sensors, robot
+
+
+def test_watchdog_holds_then_stops_on_stale_data(mujoco_loop):
+    loop, sensors, robot = mujoco_loop
+    modes = [loop.step([0.5, 0.0, 0.0]) for _ in range(5)]
+    sensors.freeze()  # the sensor sample stops advancing; the simulated clock does not
+    held_targets = None
+    for _ in range(20):
+        modes.append(loop.step([0.5, 0.0, 0.0]))
+        if modes[-1] == "hold":
+            held_targets = loop.last_targets.copy()
+            assert np.array_equal(robot.data.ctrl[robot.actuator_ids].astype(np.float32), held_targets)
+    # sensor ages 0, 0.02, 0.04 s: policy; 0.06 ... 0.24 s: hold; above 0.25 s: stop (latched)
+    assert modes == ["policy"] * 8 + ["hold"] * 10 + ["stop"] * 7
+    assert "old (limit 250 ms)" in loop.stopped
+    damp = loop.last_joint_pos
+    assert np.allclose(robot.data.ctrl[robot.actuator_ids], damp)  # targets = last measured pose
+    sensors.frozen = None  # fresh data again: the stop stays latched
+    assert loop.step() == "stop"
+    assert loop.stats.summary()["hold"] == 10
+
+
+def test_nan_guard_stops_and_damps(mujoco_loop):
+    loop, sensors, robot = mujoco_loop
+    for _ in range(3):
+        assert loop.step() == "policy"
+    last_good = loop.last_joint_pos.copy()
+    sensors.poison = True
+    assert loop.step() == "stop"
+    assert loop.stopped == "non-finite robot state ['joint_vel']"
+    assert np.allclose(robot.data.ctrl[robot.actuator_ids], last_good)
+    assert np.all(np.isfinite(robot.data.qpos))
+
+
+def test_nan_policy_output_stops(trained, tmp_path):
+    import copy
+
+    from sim2real.deploy import ControlLoop, PolicyRunner
+    from sim2real.deploy.mujoco_robot import MuJoCoRobot
+    from sim2real.export import to_onnx
+
+    actor = copy.deepcopy(trained["runner"].ppo.get_policy())
+    with torch.no_grad():
+        actor.mlp[-1].bias[3] = float("nan")
+    meta = json.loads((trained["out"] / "policy.json").read_text())
+    meta.pop("files"), meta.pop("verification")
+    onnx.save(to_onnx(actor, meta), tmp_path / "policy.onnx")  # unverified, on purpose
+    runner = PolicyRunner(tmp_path / "policy.onnx")
+    robot = MuJoCoRobot(ROOT / "tasks" / "assets" / "quadruped.xml", runner.metadata)
+    loop = ControlLoop(robot, runner, now=robot.time, realtime=False)
+    assert loop.step() == "stop" and loop.stopped == "non-finite policy output"
+    assert np.all(np.isfinite(robot.data.ctrl))
+
+
+def test_clamps_and_realtime_deadlines(mujoco_loop):
+    loop, sensors, robot = mujoco_loop
+    lower, upper = loop.lower, loop.upper
+    loop.last_targets = None
+    assert np.array_equal(loop.clamp(upper + 1.0), upper)  # joint limits
+    loop.last_targets = np.zeros(12, np.float32) + (lower + upper) / 2
+    step = loop.safety.max_target_rate * loop.dt
+    jumped = loop.clamp(loop.last_targets + 0.5)  # inside the limits, faster than 20 rad/s
+    assert step == pytest.approx(0.4) and np.allclose(jumped - loop.last_targets, step, atol=1e-6)
+    assert (loop.stats.limit_clamped, loop.stats.rate_clamped) == (1, 1)
+
+    loop.realtime, loop.last_targets = True, None
+    start = robot.time()
+    import time
+
+    wall = time.perf_counter()
+    stats = loop.run(10, command=np.array([0.5, 0.0, 0.0]))
+    assert time.perf_counter() - wall >= 9 * loop.dt  # paced at the control rate
+    assert stats["ticks"] == 10 and stats["policy"] == 10 and stats["misses"] <= 1
+    assert 0 < stats["latency_p50_us"] <= stats["latency_p99_us"] < loop.dt * 1e6
+    assert robot.time() - start == pytest.approx(10 * loop.dt)
+
+
+# --- a robot computer: numpy + onnxruntime only ----------------------------------------------------
+def test_deploy_only_venv_runs_the_runtime(trained, tmp_path):
+    from sim2real.deploy import PolicyRunner
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    # Exactly what a robot computer runs: the package with its deploy extra, from PyPI and this tree.
+    pip = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                          f"{ROOT}[deploy]"], capture_output=True, text=True, timeout=600)
+    assert pip.returncode == 0, f"pip install 'legion-rl[deploy]' failed (PyPI needed):\n{pip.stderr[-2000:]}"
+    state = robot_state(trained["env"], 1)
+    (tmp_path / "state.json").write_text(json.dumps({k: np.asarray(v).tolist() for k, v in state.items()}))
+    script = textwrap.dedent(f"""
+        import json, sys
+        import numpy as np
+        from sim2real.deploy import ControlLoop, PolicyRunner
+        for name in ("torch", "warp", "mujoco"):
+            try:
+                __import__(name)
+                sys.exit(name + " is importable in the deploy venv")
+            except ImportError:
+                pass
+        state = {{k: np.asarray(v, np.float32) for k, v in json.load(open({str(tmp_path / "state.json")!r})).items()}}
+        runner = PolicyRunner({str(trained["out"] / "policy.onnx")!r})
+        targets = [runner.act(state, [0.5, 0.0, 0.2]).tolist() for _ in range(2)]
+        print(json.dumps({{"targets": targets, "modules": sorted(m.split(".")[0] for m in sys.modules)}}))
+    """)
+    result = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path, env={"PATH": os.environ["PATH"]})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout)
+    assert not {"torch", "warp", "mujoco", "tasks", "agents", "legion"} & set(out["modules"])
+    runner = PolicyRunner(trained["out"] / "policy.onnx")
+    expected = [runner.act({k: np.asarray(v, np.float32) for k, v in state.items()}, [0.5, 0.0, 0.2]) for _ in range(2)]
+    assert np.abs(np.array(out["targets"]) - np.array(expected)).max() <= 1e-6
+    assert np.abs(expected[0] - expected[1]).max() > 0  # the second call saw its own last action
+
+
+# --- command line ----------------------------------------------------------------------------------
+def test_cli_help_and_bad_run(tmp_path):
+    for command in ("export", "sim2sim"):
+        result = legion(command, "--help", cwd=tmp_path)
+        assert result.returncode == 0 and f"legion {command} run=<run folder>" in result.stdout
+    bad = legion("export", f"run={tmp_path}", cwd=tmp_path)
+    assert bad.returncode != 0 and "is not a run folder (no config.yaml)" in bad.stderr
+    top = legion("--help", cwd=tmp_path)
+    assert "export" in top.stdout and "sim2sim" in top.stdout
+
+
+def test_sim2sim_matched_physics_reproduces_newton(trained, tmp_path):
+    """With Newton's solver settings, plain MuJoCo driven by the edge runtime (state dict ->
+    observation -> ONNX -> targets -> position actuators) retraces Newton's episodes: an
+    end-to-end check of joint order, frames, gains, scales and timing."""
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    result = legion("sim2sim", f"run={run}", "duration_s=0.4", "commands=[[0.5,0,0],[0,0,0.5]]", "physics=matched",
+                    f"json={tmp_path / 'sim2sim.json'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Newton (training engine)" in result.stdout and "MuJoCo C (edge runtime)" in result.stdout
+    assert "(+0.5, +0.0, +0.0)" in result.stdout and "latency p50" in result.stdout
+    table = json.loads((tmp_path / "sim2sim.json").read_text())
+    for newton, mujoco in zip(table["newton"], table["mujoco"]):
+        assert newton["command"] == mujoco["command"] and newton["survived_s"] == pytest.approx(0.4)
+        for key in ("vel_error_xy", "yaw_rate_error", "tracking_return"):
+            assert newton[key] == pytest.approx(mujoco[key], abs=1e-3), key
+    assert table["mean"]["newton"]["vel_error_xy"] > 0.05  # the commands were not met: a real comparison
+    assert table["loop"]["ticks"] == 40 and (run / "exported" / "policy.onnx").is_file()
