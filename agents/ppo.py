@@ -3,14 +3,22 @@
 rsl-rl 5.5 is the PPO core (GAE, clipped surrogate and value losses, adaptive learning rate,
 empirical observation normalization). Everything here maps legion's ``agent`` config onto it,
 so an rsl-rl upgrade changes this module only.
+
+What rsl-rl lacks for asynchronous PPO is here too: a second "behaviour" PPO that the actor
+thread acts with, a rollout buffer that remembers which policy version made each step, and
+V-trace targets for rollouts collected by an older policy.
 """
 
 from __future__ import annotations
 
+import threading
+
+import torch
 from rsl_rl.algorithms import PPO
 from rsl_rl.env import VecEnv
 from rsl_rl.models import MLPModel
 from rsl_rl.storage import RolloutStorage
+from tensordict import TensorDict
 
 
 def obs_groups_for(obs) -> dict[str, list[str]]:
@@ -18,24 +26,44 @@ def obs_groups_for(obs) -> dict[str, list[str]]:
     return {"actor": ["policy"], "critic": ["critic"] if "critic" in obs.keys() else ["policy"]}
 
 
-def build_ppo(env: VecEnv, agent_cfg: dict, device: str) -> PPO:
-    """rsl-rl's PPO with MLP actor (Gaussian) and critic, sized from the env's observations."""
-    obs = env.get_observations()
+def _build_models(obs: TensorDict, num_actions: int, agent_cfg: dict) -> tuple[MLPModel, MLPModel]:
+    """MLP actor (Gaussian) and critic, sized from the observations."""
     groups = obs_groups_for(obs)
     actor_cfg, critic_cfg = dict(agent_cfg["actor"]), dict(agent_cfg["critic"])
     init_std = actor_cfg.pop("init_noise_std", 1.0)
     actor = MLPModel(
-        obs, groups, "actor", env.num_actions,
+        obs, groups, "actor", num_actions,
         distribution_cfg={"class_name": "GaussianDistribution", "init_std": init_std},
         **actor_cfg,
     )
     critic = MLPModel(obs, groups, "critic", 1, **critic_cfg)
-    storage = RolloutStorage("rl", env.num_envs, agent_cfg["num_steps_per_env"], obs, [env.num_actions], device)
+    return actor, critic
+
+
+def build_ppo(env: VecEnv, agent_cfg: dict, device: str, storage: RolloutStorage | None = None) -> PPO:
+    """rsl-rl's PPO with MLP actor (Gaussian) and critic, sized from the env's observations."""
+    obs = env.get_observations()
+    actor, critic = _build_models(obs, env.num_actions, agent_cfg)
+    if storage is None:
+        storage = RolloutStorage("rl", env.num_envs, agent_cfg["num_steps_per_env"], obs, [env.num_actions], device)
     return PPO(actor, critic, storage, device=device, **agent_cfg["algorithm"])
 
 
+def build_behaviour_ppo(env: VecEnv, agent_cfg: dict, device: str) -> PPO:
+    """A second PPO for the actor thread: its own copies of the networks, loaded from the
+    learner's published weights with :func:`load_weights`, so acting never reads a network
+    the learner is changing. Its optimizer is never stepped."""
+    # Fresh networks draw initial weights from the global RNG; fork it so a seeded run draws
+    # the same numbers as sync mode (the weights are overwritten at the first swap anyway).
+    with torch.random.fork_rng(devices=[]):
+        actor, critic = _build_models(env.get_observations(), env.num_actions, agent_cfg)
+    return PPO(actor, critic, storage=None, device=device, **agent_cfg["algorithm"])
+
+
 def policy_state(ppo: PPO) -> dict:
-    """Everything learned: networks with their normalizers, optimizer, learning rate."""
+    """Everything learned: networks with their normalizers, optimizer, learning rate.
+
+    The tensors are the live ones (no copy); see :func:`clone_tree` for a snapshot."""
     return {**ppo.save(), "learning_rate": ppo.learning_rate}
 
 
@@ -44,3 +72,126 @@ def load_policy_state(ppo: PPO, state: dict) -> None:
     ppo.learning_rate = state["learning_rate"]
     for group in ppo.optimizer.param_groups:
         group["lr"] = ppo.learning_rate
+
+
+def load_weights(ppo: PPO, state: dict, critic: bool = True) -> None:
+    """Copies the networks (and their observation normalizers) of a :func:`policy_state` in place."""
+    ppo.load(state, load_cfg={"actor": True, "critic": critic}, strict=True)
+
+
+def clone_tree(obj):
+    """A copy of nested dicts/lists/tuples in which every tensor is cloned (detached)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: clone_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(clone_tree(v) for v in obj)
+    return obj
+
+
+def act_without_values(ppo: PPO, obs: TensorDict) -> torch.Tensor:
+    """rsl-rl's ``PPO.act`` minus the critic: an asynchronous learner re-evaluates every state
+    with its own, newer critic anyway (see :func:`compute_returns_off_policy`), so the actor
+    skips that forward pass. ``values`` is recorded as zeros (so ``process_env_step`` adds no
+    time-out bootstrap; the learner adds it with its values)."""
+    t = ppo.transition
+    t.hidden_states = (ppo.actor.get_hidden_state(), ppo.critic.get_hidden_state())
+    t.actions = ppo.actor(obs, stochastic_output=True).detach()
+    t.values = torch.zeros(obs.batch_size[0], 1, device=t.actions.device)
+    t.actions_log_prob = ppo.actor.get_output_log_prob(t.actions).detach()
+    t.distribution_params = tuple(p.detach() for p in ppo.actor.output_distribution_params)
+    t.observations = obs
+    return t.actions
+
+
+class Stopped(Exception):
+    """Raised inside ``PPO.update`` when a stop was requested (between mini-batches)."""
+
+
+class RolloutBuffer(RolloutStorage):
+    """rsl-rl's rollout storage plus what an asynchronous learner needs to know about a rollout.
+
+    Attributes (T = steps per env, N = envs):
+        versions: the policy version that chose the actions of each step, length T.
+        time_outs: (T, N, 1) episodes cut by the time limit (bootstrapped by the learner).
+        last_obs: observations after the last step (for the bootstrap value).
+        stop: when set, the next mini-batch of an update raises :class:`Stopped`.
+    """
+
+    def __init__(self, env: VecEnv, num_steps: int, device: str, stop: threading.Event | None = None):
+        obs = env.get_observations()
+        super().__init__("rl", env.num_envs, num_steps, obs, [env.num_actions], device)
+        self.versions: list[int] = []
+        self.time_outs = torch.zeros(num_steps, env.num_envs, 1, device=device)
+        self.last_obs = obs.clone()
+        self.stop = stop
+
+    def mini_batch_generator(self, num_mini_batches: int, num_epochs: int = 8):
+        for batch in super().mini_batch_generator(num_mini_batches, num_epochs):
+            if self.stop is not None and self.stop.is_set():
+                raise Stopped
+            yield batch
+
+
+def vtrace(values, rewards, dones, last_values, log_rhos, gamma: float, lam: float,
+           rho_clip: float = 1.0, c_clip: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-trace(lambda) value targets and advantages (Espeholt et al. 2018, eq. 1 with
+    c_t = lambda * min(c, ratio)) for actions taken by a behaviour policy mu, evaluated for the
+    learner's policy pi.
+
+    All inputs (T, N, 1) except ``last_values`` (N, 1); ``log_rhos`` = log pi(a|s) - log mu(a|s).
+    With rho_t = min(rho_clip, pi/mu), c_t = min(c_clip, pi/mu), not_done_t = 1 - done_t:
+
+        delta_t   = r_t + gamma * not_done_t * V_{t+1} - V_t
+        v_t - V_t = rho_t * delta_t + gamma * lam * c_t * not_done_t * (v_{t+1} - V_{t+1})   (targets)
+        A_t       = delta_t + gamma * lam * not_done_t * (v_{t+1} - V_{t+1})                 (advantages)
+
+    A_t is IMPALA's policy-gradient advantage r_t + gamma v_{t+1} - V_t in lambda form, without
+    rho_t: the PPO ratio pi_theta/mu already weights the action a_t itself.
+    With pi = mu (log_rhos = 0) both are rsl-rl's GAE(gamma, lambda), in its order of operations.
+
+    Returns:
+        (targets, advantages), each (T, N, 1).
+    """
+    ratios = torch.exp(log_rhos)
+    rhos, cs = ratios.clamp(max=rho_clip), ratios.clamp(max=c_clip)
+    targets, advantages = torch.zeros_like(values), torch.zeros_like(values)
+    correction = 0  # v_{t+1} - V_{t+1}
+    for step in reversed(range(values.shape[0])):
+        next_values = last_values if step == values.shape[0] - 1 else values[step + 1]
+        next_is_not_terminal = 1.0 - dones[step].float()
+        delta = rewards[step] + next_is_not_terminal * gamma * next_values - values[step]
+        advantages[step] = delta + next_is_not_terminal * gamma * lam * correction
+        correction = rhos[step] * delta + next_is_not_terminal * gamma * lam * cs[step] * correction
+        targets[step] = correction + values[step]
+    return targets, advantages
+
+
+def compute_returns_off_policy(ppo: PPO, rollout: RolloutBuffer, rho_clip: float, c_clip: float) -> None:
+    """Value targets and advantages for a rollout collected by an older policy (async PPO).
+
+    The learner re-evaluates every state with its current critic and the taken actions with its
+    current actor, then computes V-trace targets and advantages (:func:`vtrace`). The PPO ratio
+    and the adaptive learning rate's KL keep the behaviour policy's log-probabilities and
+    distribution stored by the actor: PPO's trust region stays centred on the policy that
+    acted, and a stale rollout lowers the learning rate. (Measuring the KL from the learner's
+    own policy instead let the rate climb while the clip held the step back; on cart-pole at
+    lag ~0.9 it learned about half as fast per iteration.)
+    """
+    st, T, N = rollout, rollout.num_transitions_per_env, rollout.num_envs
+    obs = st.observations.flatten(0, 1)
+    values = ppo.critic(obs).view(T, N, 1)
+    last_values = ppo.critic(st.last_obs)
+    actor = ppo.actor
+    actor.distribution.update(actor.mlp(actor.get_latent(obs)))  # the distribution, without sampling
+    log_prob = actor.get_output_log_prob(st.actions.flatten(0, 1)).view(T, N, 1)
+    # The actor had no critic: bootstrap time-outs here, as rsl-rl's process_env_step does.
+    st.rewards += ppo.gamma * values * st.time_outs
+    targets, advantages = vtrace(values, st.rewards, st.dones, last_values, log_prob - st.actions_log_prob,
+                                 ppo.gamma, ppo.lam, rho_clip, c_clip)
+    st.returns.copy_(targets)
+    st.values.copy_(values)
+    st.advantages = advantages
+    if not ppo.normalize_advantage_per_mini_batch:
+        st.advantages = (st.advantages - st.advantages.mean()) / (st.advantages.std() + 1e-8)

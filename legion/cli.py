@@ -16,6 +16,9 @@ commands:
           sweep (Hydra multirun): legion train -m seed=0,1,2
           resume a run:           legion train resume=runs/cartpole/<date>
   play    run a trained policy:  legion play run=runs/cartpole/<date> [episodes=5] [sim.num_envs=16]
+  randomization  what domain randomization draws per env: legion randomization task=quadruped_flat
+  export  export to ONNX:        legion export run=runs/quadruped_flat/<date> [out=DIR]
+  sim2sim MuJoCo vs Newton:      legion sim2sim run=runs/quadruped_flat/<date> [duration_s=10]
 
 `legion <command> --help` explains a command. Tasks: {tasks}
 """
@@ -76,29 +79,58 @@ def seed_everything(seed: int) -> None:
 
 
 def train(cfg) -> None:
-    """Hydra job: build the env and the learner, then train, writing into the run folder."""
+    """Hydra job: build the env and the learner, then train, writing into the run folder.
+
+    With resume=<run folder> the run's saved config.yaml is the config, and this command's own
+    key=value overrides apply on top (e.g. agent.max_iterations=null): nothing to repeat.
+    """
     from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from agents.runner import Runner, latest_checkpoint
+    from agents.runner import CheckpointError, latest_checkpoint, make_runner
 
     _setup_process()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if cfg.resume:
+        saved_path = Path(cfg.resume) / "config.yaml"
+        if not saved_path.is_file():
+            sys.exit(f"legion train: {cfg.resume} is not a run folder (no config.yaml). Runs are under runs/<task>/.")
+        saved = OmegaConf.load(saved_path)
+        for override in OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task)):
+            key = override.key_or_group
+            if key in ("task", "agent", "sim"):  # a config group: the run's own choice stands
+                if key == "task" and override.value() != saved.task.name:
+                    sys.exit(f"legion train: {cfg.resume} trained task {saved.task.name}; "
+                             f"it cannot resume as {override.value()}.")
+            elif key != "resume" and not key.startswith("hydra.") and not override.is_delete():
+                # Hydra has already checked the key and typed the value in the composed config.
+                OmegaConf.update(saved, key, OmegaConf.select(cfg, key), force_add=True)
+        saved.resume = cfg.resume
+        cfg = saved
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    print(f"[legion] task {cfg.task.name}, {cfg.sim.num_envs} envs on {cfg.device}; run folder {run_dir}", flush=True)
+    mode = cfg.agent.get("mode", "sync")
+    print(f"[legion] task {cfg.task.name}, {cfg.sim.num_envs} envs on {cfg.device}, {mode} PPO; run folder {run_dir}",
+          flush=True)
     seed_everything(cfg.seed)
     print("[legion] building the simulation (the first run compiles Warp kernels: about a minute)", flush=True)
     env = make_env(cfg)
-    runner = Runner(env, _container(cfg.agent), log_dir=run_dir, device=cfg.device)
+    runner = make_runner(env, _container(cfg.agent), log_dir=run_dir, device=cfg.device)
     if cfg.resume:
         checkpoint = latest_checkpoint(cfg.resume)
         runner.load(checkpoint)
-        print(f"[legion] resumed from {checkpoint} at iteration {runner.iteration}", flush=True)
+        print(f"[legion] resumed from {checkpoint} at iteration {runner.iteration} "
+              f"(learning rate {runner.ppo.learning_rate:.3g})", flush=True)
     try:
         runner.learn(cfg.agent.max_iterations)
     except KeyboardInterrupt:
-        print(f"\n[legion] interrupted; checkpoint model_{runner.iteration}.pt written to {run_dir}", flush=True)
+        try:
+            latest = f"latest checkpoint {latest_checkpoint(run_dir).name}"
+        except CheckpointError:
+            latest = "no checkpoint yet"
+        print(f"\n[legion] interrupted at iteration {runner.iteration}; {latest} in {run_dir} "
+              f"(continue: legion train resume={run_dir})", flush=True)
 
 
 def play(args: list[str]) -> None:
@@ -173,11 +205,18 @@ def _play(args: list[str]) -> None:
     play(args)
 
 
+# What `pip install "legion-rl[train]"` adds to the base (edge runtime) install.
+TRAINING_STACK = {"torch", "warp", "newton", "mujoco", "mujoco_warp", "rsl_rl", "hydra", "omegaconf", "tensordict",
+                  "tensorboard", "onnx"}
+
 # Subcommands: name -> function taking the remaining arguments, or "module:function" imported
 # only when the command runs (so `legion --help` stays fast and needs no optional package).
 COMMANDS = {
     "train": _hydra_train,
     "play": _play,
+    "randomization": "tasks.randomization:main",
+    "export": "sim2real.export:main",
+    "sim2sim": "sim2real.sim2sim:main",
 }
 
 
@@ -196,7 +235,13 @@ def main() -> None:
 
         module, function = handler.split(":")
         handler = getattr(importlib.import_module(module), function)
-    handler(rest)
+    try:
+        handler(rest)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] in TRAINING_STACK:
+            sys.exit(f"legion {command} needs the training stack ({e.name} is missing): "
+                     "pip install torch==2.13.0 && pip install 'legion-rl[train]'")
+        raise
 
 
 if __name__ == "__main__":

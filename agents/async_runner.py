@@ -1,0 +1,348 @@
+"""Asynchronous PPO: the actor collects rollout k+1 while the learner updates on rollout k.
+
+    main thread     starts both workers, books telemetry, writes snapshots, re-raises errors,
+                    handles Ctrl-C
+    actor thread    steps the env with a copy of the policy into rollout buffer k % (L + 1)
+    learner thread  takes finished rollouts in order, corrects for their lag, runs rsl-rl's
+                    PPO update, publishes the new policy version
+
+Policy versions. The learner's version is its number of updates (= ``iteration``); every step
+in a rollout buffer records the version that chose its action. Rollout k may only start once
+version k - L is published (L = ``agent.max_policy_lag``), so no transition is more than L
+updates older than the learner that uses it, at most L + 1 buffers exist, and a learner slower
+than the actor makes the actor wait (backpressure) instead of letting a queue grow. The actor
+picks up a newer version at any step boundary (one copy of weights and normalizers), so the
+lag is often below L.
+
+Lag 0 is sync PPO run by two threads: the actor starts rollout k only after update k - 1, acts
+with rsl-rl's ``PPO.act`` (values included) and the learner uses rsl-rl's GAE; same seed, same
+weights, bit for bit. Lag >= 1: the actor skips the critic and the learner re-evaluates the
+rollout with its current networks and V-trace targets (:func:`agents.ppo.compute_returns_off_policy`).
+
+Devices. On CPU the two threads run in parallel where the time goes: Warp kernels, Warp graph
+replay and torch kernels release the GIL. On CUDA the actor keeps the default stream (the one
+the env's Warp/torch interop synchronizes with), the learner gets its own stream, and CUDA
+events order every handover (rollout -> learner, weights -> actor); on CPU those events are
+``None`` because CPU ops complete before the call returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from agents.ppo import (RolloutBuffer, Stopped, act_without_values, build_behaviour_ppo, clone_tree,
+                        compute_returns_off_policy, load_policy_state, load_weights, policy_state)
+from agents.runner import Runner
+
+# Warn when the actor waited for the learner more than this share of an iteration ...
+BEHIND_FRACTION = 0.1
+# ... this many iterations in a row.
+BEHIND_ITERATIONS = 3
+
+
+def _record_event(device: torch.device):
+    """CUDA: an event after the work queued so far on this thread's stream; CPU: None."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def _wait_event(event, device: torch.device) -> None:
+    """CUDA: this thread's stream waits (on the GPU, not the host) until ``event`` has passed."""
+    if event is not None:
+        torch.cuda.current_stream(device).wait_event(event)
+
+
+def _used_on_this_stream(tree, device: torch.device) -> None:
+    """CUDA: tensors made on another stream and read on this one must not be recycled by the
+    caching allocator before this stream has read them."""
+    if isinstance(tree, torch.Tensor):
+        if tree.is_cuda:
+            tree.record_stream(torch.cuda.current_stream(device))
+    elif isinstance(tree, dict):
+        for value in tree.values():
+            _used_on_this_stream(value, device)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            _used_on_this_stream(value, device)
+
+
+class WaitClock:
+    """Total time one thread spent waiting, readable by another thread (a wait in progress included)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._total, self._since = 0.0, None
+
+    @contextlib.contextmanager
+    def waiting(self):
+        with self._lock:
+            self._since = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._total += time.perf_counter() - self._since
+                self._since = None
+
+    def read(self, now: float) -> float:
+        with self._lock:
+            return self._total + (now - self._since if self._since is not None else 0.0)
+
+
+@dataclass
+class Published:
+    """One policy version, as the learner hands it out: never modified after publishing."""
+
+    version: int
+    state: dict  # a copy of policy_state(): networks + normalizers, optimizer, learning rate
+    torch_rng: torch.Tensor
+    ready: object  # CUDA event after the copy (None on CPU)
+
+
+class AsyncRunner(Runner):
+    """Asynchronous actor-learner PPO on one device. Same arguments, checkpoints and
+    telemetry as :class:`agents.runner.Runner`, plus the ``agent`` keys ``max_policy_lag``
+    and ``vtrace.rho_clip`` / ``vtrace.c_clip``."""
+
+    def __init__(self, env, agent_cfg: dict, log_dir=None, device: str = "cpu"):
+        super().__init__(env, agent_cfg, log_dir, device)
+        self.max_lag = int(agent_cfg.get("max_policy_lag", 1))
+        if self.max_lag < 0:
+            raise ValueError(f"agent.max_policy_lag must be >= 0, got {self.max_lag}")
+        vtrace = agent_cfg.get("vtrace") or {}
+        self.rho_clip, self.c_clip = float(vtrace.get("rho_clip", 1.0)), float(vtrace.get("c_clip", 1.0))
+        self._device = torch.device(device)
+        self._cuda = self._device.type == "cuda"
+        self._stop = threading.Event()
+        self.buffers = [RolloutBuffer(env, agent_cfg["num_steps_per_env"], device, self._stop)
+                        for _ in range(self.max_lag + 1)]
+        self.ppo.storage = self.buffers[0]
+        self.behaviour = build_behaviour_ppo(env, agent_cfg, device)  # the actor's copy of the policy
+        self._cond = threading.Condition()  # guards _published; wakes an actor waiting for a version
+        self._published: Published | None = None
+        self._running = False
+        self._error: BaseException | None = None
+
+    # --- main thread ----------------------------------------------------------------------
+    def learn(self, max_iterations: int | None = None) -> None:
+        """Trains until ``max_iterations`` iterations are complete (``None``: until stopped).
+
+        Returns when the learner is done; re-raises the first error of either worker with
+        its own traceback; on Ctrl-C stops both and writes a snapshot of the last version.
+        """
+        self._open_writer()
+        self.ppo.train_mode()
+        self.behaviour.train_mode()
+        for buffer in self.buffers:  # a previous learn() may have stopped mid-rollout
+            buffer.clear()
+        self.behaviour.transition.clear()
+        self._stop.clear()
+        self._error = None
+        self._ready: queue.Queue = queue.Queue(maxsize=len(self.buffers))  # finished rollouts, in order
+        self._reports: queue.Queue = queue.Queue()  # learner -> main: one small dict per iteration
+        self._actor_clock, self._learner_clock = WaitClock(), WaitClock()
+        self._rollouts_started = self.iteration
+        self._actor_env_state = self._env_state()
+        self._publish()
+        start_iteration, start_time, behind = self.iteration, time.time(), 0
+        workers = [
+            threading.Thread(target=self._guarded, args=(self._actor_loop,), name="legion-actor", daemon=True),
+            threading.Thread(target=self._guarded, args=(self._learner_loop, max_iterations),
+                             name="legion-learner", daemon=True),
+        ]
+        self._running = True
+        try:
+            for worker in workers:
+                worker.start()
+            while True:
+                learner_alive = workers[1].is_alive()
+                try:
+                    report = self._reports.get(timeout=0.05)
+                except queue.Empty:
+                    report = None
+                if self._error is not None:
+                    raise self._error
+                if report is None:
+                    if not learner_alive:
+                        break  # done: every report is booked
+                    continue
+                self._record(report, start_iteration, start_time, max_iterations)
+                behind = behind + 1 if report["actor_wait_s"] > BEHIND_FRACTION * report["wall_s"] else 0
+                if behind == BEHIND_ITERATIONS and self.max_lag > 0:
+                    print(f"[legion] warning: the learner is behind: the actor waited for a policy update in each of "
+                          f"the last {behind} iterations ({report['actor_wait_s']:.2f}s of {report['wall_s']:.2f}s; "
+                          f"update {report['learn_s']:.2f}s vs rollout {report['collect_s']:.2f}s). Fewer "
+                          "agent.algorithm.num_learning_epochs/num_mini_batches or more envs rebalance it.", flush=True)
+                if self.log_dir is not None and self._save_due(report["iteration"]):
+                    self.save()  # from the published copy: neither worker pauses
+        finally:
+            self._stop_workers(workers)
+            self._running = False
+            if self.log_dir is not None and self.iteration > start_iteration:
+                self.save()
+            if self.writer is not None:
+                self.writer.flush()
+
+    def _guarded(self, loop, *args) -> None:
+        """Runs a worker; its first error stops both workers and is re-raised by the main thread."""
+        try:
+            loop(*args)
+        except BaseException as e:
+            if self._error is None:
+                self._error = e
+            self._stop_all()
+
+    def _stop_all(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    def _stop_workers(self, workers) -> None:
+        """Stops and joins both workers: the actor within one env step, the learner within one
+        mini-batch (an interrupted update is rolled back to the last published version)."""
+        self._stop_all()
+        for worker in workers:
+            if worker.ident is not None:  # started
+                worker.join()
+
+    def _snapshot(self) -> dict:
+        """While the workers run: the last published version (a copy nobody modifies) and the
+        env state the actor captured at its last rollout boundary."""
+        if not self._running:
+            return super()._snapshot()
+        published = self._published
+        if published.ready is not None:
+            published.ready.synchronize()
+        return self._checkpoint(published.state, published.version, published.torch_rng, self._actor_env_state)
+
+    # --- learner thread -------------------------------------------------------------------
+    def _publish(self) -> None:
+        """Makes the learner's current state the newest version: one copy, swapped in by reference."""
+        published = Published(self.iteration, clone_tree(policy_state(self.ppo)), torch.get_rng_state(),
+                              _record_event(self._device))
+        with self._cond:
+            self._published = published
+            self._cond.notify_all()
+
+    def _learner_loop(self, max_iterations: int | None) -> None:
+        ppo = self.ppo
+        context = contextlib.ExitStack()
+        if self._cuda:  # its own stream, so updates overlap the actor's kernels on the GPU
+            context.enter_context(torch.cuda.device(self.device))
+            context.enter_context(torch.cuda.stream(torch.cuda.Stream(self.device)))
+        last = (time.perf_counter(), 0.0, 0.0)  # time, actor and learner wait so far
+        with context:
+            while max_iterations is None or self.iteration < max_iterations:
+                with self._learner_clock.waiting():
+                    item = self._next_rollout()
+                if item is None:
+                    return  # stopped
+                rollout, info, ready = item
+                t0 = time.perf_counter()
+                _wait_event(ready, self._device)
+                lags = [self.iteration - version for version in rollout.versions]
+                ppo.storage = rollout
+                with torch.inference_mode():
+                    if self.max_lag == 0:
+                        ppo.compute_returns(rollout.last_obs)  # on-policy: exactly sync PPO
+                    else:
+                        compute_returns_off_policy(ppo, rollout, self.rho_clip, self.c_clip)
+                try:
+                    losses = ppo.update()  # clears the buffer for the actor
+                except BaseException as e:
+                    # Undo the half-done update, so the runner holds version `iteration` exactly.
+                    _wait_event(self._published.ready, self._device)
+                    load_policy_state(ppo, self._published.state)
+                    if isinstance(e, Stopped):
+                        return
+                    raise
+                self.iteration += 1
+                action_std = ppo.get_policy().output_std.mean().item()
+                self._publish()
+                now = time.perf_counter()
+                clocks = (now, self._actor_clock.read(now), self._learner_clock.read(now))
+                wall, actor_wait, learner_wait = (new - old for old, new in zip(last, clocks))
+                last = clocks
+                self._reports.put({
+                    **info, "iteration": self.iteration, "losses": losses, "learning_rate": ppo.learning_rate,
+                    "action_std": action_std, "learn_s": now - t0, "wall_s": wall,
+                    "lag_mean": statistics.fmean(lags), "lag_max": max(lags),
+                    "actor_wait_s": actor_wait, "learner_wait_s": learner_wait,
+                    # Share of the wall time in which both were working (at every moment one of them is).
+                    "overlap_fraction": max(0.0, 1.0 - (actor_wait + learner_wait) / wall),
+                    "rollouts_ahead": self._rollouts_started - self.iteration,
+                })
+
+    def _next_rollout(self):
+        while not self._stop.is_set():
+            try:
+                return self._ready.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        return None
+
+    # --- actor thread ---------------------------------------------------------------------
+    def _wait_for_version(self, min_version: int) -> Published | None:
+        """Backpressure: blocks until a policy of at least ``min_version`` is published."""
+        with self._cond:
+            while self._published.version < min_version:
+                if self._stop.is_set():
+                    return None
+                self._cond.wait(timeout=0.1)
+            return self._published
+
+    def _swap_in(self, published: Published) -> int:
+        """The swap point: copies a published version's weights and normalizers into the actor's networks."""
+        _wait_event(published.ready, self._device)
+        load_weights(self.behaviour, published.state, critic=self.max_lag == 0)
+        _used_on_this_stream(published.state, self._device)
+        return published.version
+
+    def _actor_loop(self) -> None:
+        env, behaviour, stats = self.env, self.behaviour, self.stats
+        num_steps = self.cfg["num_steps_per_env"]
+        context = torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext()
+        stats.last_action_time = None
+        version = -1
+        with context, torch.inference_mode():
+            obs = env.get_observations().to(self.device)
+            k = self._rollouts_started  # the rollout that update k will learn from
+            while True:
+                with self._actor_clock.waiting():
+                    published = self._wait_for_version(k - self.max_lag)
+                if published is None:
+                    return  # stopped
+                _wait_event(published.ready, self._device)  # CUDA: the learner is done with this buffer
+                rollout = self.buffers[k % len(self.buffers)]
+                rollout.versions = []
+                behaviour.storage = rollout
+                self._rollouts_started = k + 1
+                stats.begin()
+                t0 = time.perf_counter()
+                for step in range(num_steps):
+                    if self._stop.is_set():
+                        return
+                    if self._published.version != version:
+                        version = self._swap_in(self._published)
+                    stats.action()
+                    actions = behaviour.act(obs) if self.max_lag == 0 else act_without_values(behaviour, obs)
+                    obs, rewards, dones, extras = env.step(actions)
+                    behaviour.process_env_step(obs, rewards, dones, extras)
+                    rollout.time_outs[step].copy_(extras["time_outs"].view(-1, 1))
+                    rollout.versions.append(version)
+                    stats.step(rewards, dones, extras)
+                rollout.last_obs.copy_(obs)
+                self._actor_env_state = self._env_state()
+                info = {**stats.end(), "collect_s": time.perf_counter() - t0}
+                self._ready.put_nowait((rollout, info, _record_event(self._device)))  # never full: see _wait_for_version
+                k += 1

@@ -1,0 +1,233 @@
+"""Asynchronous PPO (agent.mode=async): equals sync PPO at lag 0, bounds the policy lag under a
+slow learner or a slow actor, V-trace targets, errors and Ctrl-C stop both threads, and a
+killed run resumes at the next iteration with its learning rate and normalizer statistics."""
+
+import _thread
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from agents.async_runner import AsyncRunner
+from agents.ppo import build_ppo, vtrace
+from agents.runner import latest_checkpoint, load_checkpoint, make_runner
+from conftest import ROOT, compose, make_env
+
+SMALL = ("task=cartpole", "sim.num_envs=32", "agent.num_steps_per_env=8")
+STEPS, ENVS = 8, 32
+
+
+def _runner(*overrides, env=None, log_dir=None):
+    cfg = compose(*SMALL, *overrides)
+    torch.manual_seed(cfg.seed)
+    env = env or make_env(*SMALL, *overrides)
+    return make_runner(env, OmegaConf.to_container(cfg.agent, resolve=True), log_dir=log_dir, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def env():
+    """One small cart-pole env for the tests that only need an env to run on."""
+    return make_env(*SMALL)
+
+
+def _no_worker_threads() -> bool:
+    return not [t for t in threading.enumerate() if t.name.startswith("legion-")]
+
+
+def _normalizers(runner):
+    return [runner.ppo.actor.obs_normalizer, runner.ppo.critic.obs_normalizer]
+
+
+def test_async_with_lag_0_equals_sync_bit_for_bit():
+    sync = _runner("agent.mode=sync")
+    sync.learn(3)
+    lag0 = _runner("agent.mode=async", "agent.max_policy_lag=0")
+    assert isinstance(lag0, AsyncRunner)
+    lag0.learn(3)
+    assert lag0.iteration == sync.iteration == 3
+    assert [h["lag_max"] for h in lag0.history] == [0, 0, 0]
+    for model in ("actor", "critic"):  # weights and the normalizers' running statistics
+        a, b = getattr(sync.ppo, model).state_dict(), getattr(lag0.ppo, model).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), model
+    opt_a, opt_b = sync.ppo.optimizer.state_dict()["state"], lag0.ppo.optimizer.state_dict()["state"]
+    assert all(torch.equal(opt_a[i]["exp_avg_sq"], opt_b[i]["exp_avg_sq"]) for i in opt_a)
+    assert sync.ppo.learning_rate == lag0.ppo.learning_rate
+    assert list(sync.episode_returns) == list(lag0.episode_returns)
+    assert _no_worker_threads()
+
+
+@pytest.mark.parametrize("slow", ["learner", "actor"])
+def test_policy_lag_stays_bounded_with_a_slow_side(env, slow):
+    runner = _runner("agent.mode=async", "agent.max_policy_lag=1", env=env)
+    if slow == "learner":
+        update = runner.ppo.update
+        runner.ppo.update = lambda: (time.sleep(0.15), update())[1]
+    else:
+        step = env.step
+        env.step = lambda actions: (time.sleep(0.03), step(actions))[1]
+    try:
+        runner.learn(6)
+    finally:
+        env.__dict__.pop("step", None)
+    history = list(runner.history)[1:]  # the first iteration has nothing to overlap with
+    assert max(h["lag_max"] for h in history) <= 1
+    assert all(h["rollouts_ahead"] <= 2 for h in history)  # two buffers; nothing queues beyond them
+    if slow == "learner":
+        # Backpressure: the actor waits for each update (a rollout takes ~10 ms, an update 150+ ms)
+        # and then collects with the previous policy, so every sample lags by exactly 1.
+        assert all(h["actor_wait_s"] > 0.05 for h in history)
+        assert all(h["lag_mean"] == 1 for h in history)
+    else:
+        # The learner waits for data, and the actor swaps in each new policy mid-rollout.
+        assert all(h["learner_wait_s"] > 0.05 for h in history)
+        assert all(h["lag_mean"] < 1 for h in history)
+
+
+def test_lag_bound_2_is_reached_and_held(env):
+    runner = _runner("agent.mode=async", "agent.max_policy_lag=2", env=env)
+    update = runner.ppo.update
+    runner.ppo.update = lambda: (time.sleep(0.1), update())[1]
+    runner.learn(6)
+    lags = [h["lag_max"] for h in runner.history]
+    assert max(lags) == 2 and lags[-1] == 2
+    assert all(h["rollouts_ahead"] <= 3 for h in runner.history)
+
+
+def test_vtrace_matches_a_hand_computed_example():
+    # T = 3 steps of one env, gamma 0.9, lambda 0.5, clips 1.0; the episode ends after step 1.
+    values = torch.tensor([1.0, 2.0, 3.0]).view(3, 1, 1)
+    rewards = torch.tensor([1.0, 0.5, 2.0]).view(3, 1, 1)
+    dones = torch.tensor([0, 1, 0]).view(3, 1, 1)
+    last_values = torch.tensor([[4.0]])
+    log_rhos = torch.log(torch.tensor([0.5, 2.0, 0.8])).view(3, 1, 1)  # pi/mu; 2.0 is clipped to 1
+    # step 2: delta = 2 + 0.9*4 - 3 = 2.6.     A = 2.6;  v - V = 0.8*2.6 = 2.08;  v = 5.08
+    # step 1: done, delta = 0.5 - 2 = -1.5.    A = -1.5; v - V = 1*(-1.5) (no bootstrap past the end); v = 0.5
+    # step 0: delta = 1 + 0.9*2 - 1 = 1.8.     A = 1.8 + 0.9*0.5*(-1.5) = 1.125
+    #         v - V = 0.5*1.8 + 0.9*0.5*0.5*(-1.5) = 0.5625;  v = 1.5625
+    targets, advantages = vtrace(values, rewards, dones, last_values, log_rhos, gamma=0.9, lam=0.5)
+    assert torch.allclose(targets.view(-1), torch.tensor([1.5625, 0.5, 5.08]), atol=1e-6)
+    assert torch.allclose(advantages.view(-1), torch.tensor([1.125, -1.5, 2.6]), atol=1e-6)
+
+    # rho and c clipped at 2 instead: step 1's correction doubles to -3 and step 0 sees it.
+    targets, advantages = vtrace(values, rewards, dones, last_values, log_rhos, gamma=0.9, lam=0.5,
+                                 rho_clip=2.0, c_clip=2.0)
+    assert torch.allclose(targets.view(-1), torch.tensor([1.0 + 0.9 + 0.9 * 0.5 * 0.5 * -3.0, -1.0, 5.08]), atol=1e-6)
+    assert torch.allclose(advantages.view(-1), torch.tensor([1.8 + 0.9 * 0.5 * -3.0, -1.5, 2.6]), atol=1e-6)
+
+
+def test_vtrace_on_policy_is_rsl_rl_gae(env):
+    """Ratios of 1 (the policy that acted is the learner's): V-trace is GAE, the same bits."""
+    cfg = OmegaConf.to_container(compose(*SMALL).agent, resolve=True)
+    ppo = build_ppo(env, cfg, "cpu")
+    obs = env.get_observations()
+    with torch.inference_mode():
+        for _ in range(STEPS):
+            obs, rewards, dones, extras = env.step(ppo.act(obs))
+            ppo.process_env_step(obs, rewards, dones, extras)
+        st = ppo.storage
+        targets, advantages = vtrace(st.values, st.rewards, st.dones, ppo.critic(obs), torch.zeros_like(st.values),
+                                     ppo.gamma, ppo.lam)
+        ppo.normalize_advantage_per_mini_batch = True  # keep rsl-rl's advantages unnormalized to compare
+        ppo.compute_returns(obs)
+    assert st.dones.any()  # the example covers episode ends
+    assert torch.equal(targets, st.returns)
+    # rsl-rl takes advantages as returns - values: one rounding away from the recursion's own value.
+    assert torch.allclose(advantages, st.advantages, atol=1e-6, rtol=0)
+
+
+def test_actor_exception_surfaces_in_the_main_thread_within_a_second(env):
+    runner = _runner("agent.mode=async", env=env)
+    step, calls, raised_at = env.step, [0], []
+
+    def step_that_breaks(actions):
+        calls[0] += 1
+        if calls[0] == 20:  # during the third rollout, while the learner updates
+            raised_at.append(time.perf_counter())
+            raise RuntimeError("physics exploded")
+        return step(actions)
+
+    env.step = step_that_breaks
+    try:
+        with pytest.raises(RuntimeError, match="physics exploded") as error:
+            runner.learn(1000)
+        caught_after = time.perf_counter() - raised_at[0]
+    finally:
+        del env.step
+    assert caught_after < 1.0
+    frames = "".join(traceback.format_tb(error.value.__traceback__))
+    assert "step_that_breaks" in frames and "_actor_loop" in frames  # the original traceback
+    assert _no_worker_threads()
+
+
+def test_learner_exception_stops_the_actor(env):
+    runner = _runner("agent.mode=async", env=env)
+    runner.ppo.update = lambda: 1 / 0
+    with pytest.raises(ZeroDivisionError):
+        runner.learn(1000)
+    assert _no_worker_threads()
+
+
+def test_timed_snapshots_and_ctrl_c_snapshot_are_consistent(env, tmp_path):
+    """Snapshots every 0.3 s while both workers run, then Ctrl-C: every file is a version boundary."""
+    runner = _runner("agent.mode=async", "agent.save_interval=1000", "agent.save_every_minutes=0.005",
+                     env=env, log_dir=tmp_path)
+    update = runner.ppo.update
+    runner.ppo.update = lambda: (time.sleep(0.05), update())[1]
+    timer = threading.Timer(1.5, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        runner.learn(None)  # until stopped
+    assert _no_worker_threads()
+    k = runner.iteration
+    assert k > 0 and latest_checkpoint(tmp_path).name == f"model_{k}.pt"
+    snapshots = sorted(tmp_path.glob("model_*.pt"))
+    assert len(snapshots) >= 3  # timed ones, plus the one Ctrl-C wrote
+    for path in snapshots:
+        checkpoint = load_checkpoint(path)
+        # The normalizer has seen exactly `iteration` rollouts: never a half-done update.
+        it = checkpoint["iteration"]
+        assert path.name == f"model_{it}.pt"
+        assert checkpoint["policy"]["actor_state_dict"]["obs_normalizer.count"] == it * STEPS * ENVS
+        assert ("env" in checkpoint) == hasattr(env, "state_dict")  # randomization ranges, curriculum
+
+
+def test_killed_run_resumes_at_the_next_iteration_with_its_learning_rate_and_normalizer(tmp_path):
+    """SIGKILL a continuous async run after its second snapshot, then `legion train resume=`."""
+    args = [*SMALL, "agent.mode=async", "agent.max_iterations=null", "agent.save_interval=2",
+            "agent.algorithm.schedule=adaptive"]
+    environ = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.Popen([sys.executable, "-m", "legion.cli", "train", *args], cwd=tmp_path, env=environ,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not list(tmp_path.glob("runs/cartpole/*/model_4.pt")):
+            assert run.poll() is None, run.stdout.read()[-3000:]
+            time.sleep(0.2)
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+    run_dir = next(tmp_path.glob("runs/cartpole/*"))
+    snapshot_path = latest_checkpoint(run_dir)
+    snapshot = load_checkpoint(snapshot_path)
+    k = snapshot["iteration"]
+    assert k >= 4 and k % 2 == 0
+    actor = snapshot["policy"]["actor_state_dict"]
+    assert actor["obs_normalizer.count"] == k * STEPS * ENVS  # taken between updates, never mid-update
+
+    resumed = subprocess.run([sys.executable, "-m", "legion.cli", "train", f"resume={run_dir}",
+                              f"agent.max_iterations={k + 1}"], cwd=tmp_path, env=environ,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    out = resumed.stdout
+    assert f"at iteration {k} (learning rate {snapshot['policy']['learning_rate']:.3g})" in out
+    assert f"[it {k + 1}/{k + 1}]" in out and f"[it {k}/" not in out and "async PPO" in out
+    after = load_checkpoint(run_dir / f"model_{k + 1}.pt")["policy"]["actor_state_dict"]
+    # One more rollout folded into the snapshot's running statistics (not a fresh normalizer).
+    assert after["obs_normalizer.count"] == (k + 1) * STEPS * ENVS
