@@ -13,20 +13,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 import warp as wp  # noqa: E402
 
-wp.config.quiet = True
-wp.config.log_level = wp.LOG_WARNING
-wp.config.kernel_cache_dir = os.environ["WARP_CACHE_PATH"]
-torch.set_num_threads(1)
+from legion.cli import compose, setup_process  # noqa: E402, F401  (compose: for the benchmarks)
 
-
-def compose(*overrides: str):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from legion.cli import CONFIG_DIR
-
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return hydra_compose("train", overrides=list(overrides))
+setup_process()  # quiet Warp, the kernel cache above
 
 
 def machine() -> str:

@@ -37,7 +37,7 @@ def task_names() -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / "task").glob("*.yaml"))
 
 
-def _setup_process() -> None:
+def setup_process() -> None:
     """Process-wide settings every command shares."""
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
     import torch
@@ -52,6 +52,15 @@ def _setup_process() -> None:
     if os.environ.get("WARP_CACHE_PATH"):
         wp.config.kernel_cache_dir = os.environ["WARP_CACHE_PATH"]
     wp.init()
+
+
+def compose(*overrides: str):
+    """The config `legion train <overrides>` would run, without starting a job."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return hydra_compose("train", overrides=list(overrides))
 
 
 def _container(node) -> dict:
@@ -90,7 +99,7 @@ def train(cfg) -> None:
 
     from agents.runner import CheckpointError, latest_checkpoint, make_runner
 
-    _setup_process()
+    setup_process()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if cfg.resume:
         saved_path = Path(cfg.resume) / "config.yaml"
@@ -133,37 +142,84 @@ def train(cfg) -> None:
               f"(continue: legion train resume={run_dir})", flush=True)
 
 
-def play(args: list[str]) -> None:
-    from omegaconf import OmegaConf
+class RunError(ValueError):
+    """A run folder, its config or an override for it is unusable; the message says how to fix it."""
 
-    from agents.runner import Runner, latest_checkpoint
 
-    overrides = dict(a.split("=", 1) for a in args if "=" in a)
-    bad = [a for a in args if "=" not in a]
-    if bad or "run" not in overrides:
-        sys.exit(f"legion play: expected run=<run folder> and key=value overrides, got {' '.join(args) or 'nothing'}\n\n"
-                 + PLAY_HELP)
-    run = Path(overrides.pop("run"))
+def parse_run_args(args: list[str], command: str, help_text: str, defaults: dict) -> tuple[Path, dict, list[str]]:
+    """Splits ``key=value`` args into (run folder, this command's own options, config overrides)."""
+    deletions = [a for a in args if a.startswith("~")]
+    pairs = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("~"))
+    bad = [a for a in args if "=" not in a and not a.startswith("~")]
+    if bad or "run" not in pairs:
+        sys.exit(f"legion {command}: expected run=<run folder> and key=value options, got {' '.join(args) or 'nothing'}"
+                 f"\n\n{help_text}")
+    run = Path(pairs.pop("run"))
     if not (run / "config.yaml").is_file():
-        sys.exit(f"legion play: {run} is not a run folder (no config.yaml). Runs are under runs/<task>/.")
-    episodes = int(overrides.pop("episodes", 5))
-    checkpoint = Path(overrides.pop("checkpoint", "") or latest_checkpoint(run))
+        sys.exit(f"legion {command}: {run} is not a run folder (no config.yaml). Runs are under runs/<task>/.")
+    options = {key: pairs.pop(key, default) for key, default in defaults.items()}
+    return run, options, deletions + [f"{k}={v}" for k, v in pairs.items()]
+
+
+def load_run(run: Path, checkpoint: str | Path | None = None, overrides: list[str] = (), num_envs: int = 16):
+    """The run's env (observation noise off) and its trained policy.
+
+    Returns (cfg, env, runner, checkpoint path). ``overrides`` are ``key=value`` config
+    overrides; ``sim.num_envs`` defaults to ``min(num_envs, the run's)``.
+    """
+    from omegaconf import OmegaConf, open_dict
+
+    from agents.runner import CheckpointError, Runner, latest_checkpoint
+
     cfg = OmegaConf.load(run / "config.yaml")
     OmegaConf.set_struct(cfg, True)
-    overrides.setdefault("sim.num_envs", str(min(16, cfg.sim.num_envs)))
+    overrides = list(overrides)
+    if not any(o.startswith("sim.num_envs=") for o in overrides):
+        overrides.append(f"sim.num_envs={min(num_envs, cfg.sim.num_envs)}")
+    # As in Hydra: `key=value` must name an existing key (typos fail), `+key=value` adds one,
+    # `~key` deletes one (e.g. a section an older run's config has and the current code refuses).
     try:
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()]))
+        for override in (o for o in overrides if o.startswith("~")):
+            *parents, leaf = override[1:].split("=")[0].split(".")
+            node = OmegaConf.select(cfg, ".".join(parents)) if parents else cfg
+            if node is None or leaf not in node:
+                raise KeyError(f"{override}: no key {override[1:]} in the run's config")
+            with open_dict(node):
+                del node[leaf]
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o for o in overrides if o[0] not in "+~"]))
+        with open_dict(cfg):
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o[1:] for o in overrides if o.startswith("+")]))
     except Exception as e:
-        sys.exit(f"legion play: bad override: {e}")
-
-    _setup_process()
-    import torch
-
+        raise RunError(f"bad override: {e}") from e
+    checkpoint = Path(checkpoint) if checkpoint else latest_checkpoint(run)
+    if not checkpoint.is_file():
+        raise CheckpointError(f"{checkpoint} does not exist. Checkpoints of this run: "
+                              f"{sorted(p.name for p in run.glob('model_*.pt')) or 'none'}")
+    setup_process()
     seed_everything(cfg.seed)
-    env = make_env(cfg)
+    try:
+        env = make_env(cfg)
+    except ValueError as e:
+        raise RunError(f"the run's config.yaml does not build an env with this code: {e}\nFix it on the "
+                       "command line: key=value changes a key, +key=value adds one, ~key removes one.") from e
     env.noise_enabled = False
     runner = Runner(env, _container(cfg.agent), log_dir=None, device=cfg.device)
     runner.load(checkpoint)
+    return cfg, env, runner, checkpoint
+
+
+
+def play(args: list[str]) -> None:
+    import torch
+
+    from agents.runner import CheckpointError
+
+    run, options, overrides = parse_run_args(args, "play", PLAY_HELP, {"checkpoint": None, "episodes": "5"})
+    try:
+        cfg, env, runner, checkpoint = load_run(run, options["checkpoint"], overrides)
+    except (RunError, CheckpointError) as e:
+        sys.exit(f"legion play: {e}")
+    episodes = int(options["episodes"])
     policy = runner.ppo.get_policy()
     policy.eval()
     print(f"[legion] playing {checkpoint} on {env.num_envs} envs of {cfg.task.name}", flush=True)

@@ -73,70 +73,6 @@ def legion_version() -> str:
         return "unknown (not installed: pip install -e .)"
 
 
-# --- loading a run ---------------------------------------------------------------------------
-def parse_args(args: list[str], command: str, help_text: str, defaults: dict) -> tuple[Path, dict, list[str]]:
-    """Splits ``key=value`` args into (run folder, this command's own options, config overrides)."""
-    deletions = [a for a in args if a.startswith("~")]
-    pairs = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("~"))
-    bad = [a for a in args if "=" not in a and not a.startswith("~")]
-    if bad or "run" not in pairs:
-        sys.exit(f"legion {command}: expected run=<run folder> and key=value options, got {' '.join(args) or 'nothing'}"
-                 f"\n\n{help_text}")
-    run = Path(pairs.pop("run"))
-    if not (run / "config.yaml").is_file():
-        sys.exit(f"legion {command}: {run} is not a run folder (no config.yaml). Runs are under runs/<task>/.")
-    options = {key: pairs.pop(key, default) for key, default in defaults.items()}
-    return run, options, deletions + [f"{k}={v}" for k, v in pairs.items()]
-
-
-def load_run(run: Path, checkpoint: str | Path | None = None, overrides: list[str] = (), num_envs: int = 16):
-    """The run's env (observation noise off) and its trained policy.
-
-    Returns (cfg, env, runner, checkpoint path). ``overrides`` are ``key=value`` config
-    overrides; ``sim.num_envs`` defaults to ``min(num_envs, the run's)``.
-    """
-    from omegaconf import OmegaConf, open_dict
-
-    from agents.runner import CheckpointError, Runner, latest_checkpoint
-    from legion.cli import _container, _setup_process, make_env, seed_everything
-
-    cfg = OmegaConf.load(run / "config.yaml")
-    OmegaConf.set_struct(cfg, True)
-    overrides = list(overrides)
-    if not any(o.startswith("sim.num_envs=") for o in overrides):
-        overrides.append(f"sim.num_envs={min(num_envs, cfg.sim.num_envs)}")
-    # As in Hydra: `key=value` must name an existing key (typos fail), `+key=value` adds one,
-    # `~key` deletes one (e.g. a section an older run's config has and the current code refuses).
-    try:
-        for override in (o for o in overrides if o.startswith("~")):
-            *parents, leaf = override[1:].split("=")[0].split(".")
-            node = OmegaConf.select(cfg, ".".join(parents)) if parents else cfg
-            if node is None or leaf not in node:
-                raise KeyError(f"{override}: no key {override[1:]} in the run's config")
-            with open_dict(node):
-                del node[leaf]
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o for o in overrides if o[0] not in "+~"]))
-        with open_dict(cfg):
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o[1:] for o in overrides if o.startswith("+")]))
-    except Exception as e:
-        raise ExportError(f"bad override: {e}") from e
-    checkpoint = Path(checkpoint) if checkpoint else latest_checkpoint(run)
-    if not checkpoint.is_file():
-        raise CheckpointError(f"{checkpoint} does not exist. Checkpoints of this run: "
-                              f"{sorted(p.name for p in run.glob('model_*.pt')) or 'none'}")
-    _setup_process()
-    seed_everything(cfg.seed)
-    try:
-        env = make_env(cfg)
-    except ValueError as e:
-        raise ExportError(f"the run's config.yaml does not build an env with this code: {e}\nFix it on the "
-                          "command line: key=value changes a key, +key=value adds one, ~key removes one.") from e
-    env.noise_enabled = False
-    runner = Runner(env, _container(cfg.agent), log_dir=None, device=cfg.device)
-    runner.load(checkpoint)
-    return cfg, env, runner, checkpoint
-
-
 # --- metadata --------------------------------------------------------------------------------
 def build_metadata(env, cfg, run: Path, checkpoint: Path, actor) -> dict:
     """Everything a robot needs besides the network, as JSON-able values (lists, floats, str)."""
@@ -411,6 +347,8 @@ def export_run(run: Path, checkpoint=None, out_dir: Path | None = None, steps: i
 
     ``loaded`` reuses a ``load_run`` result (cfg, env, runner, checkpoint) instead of building one.
     """
+    from legion.cli import load_run
+
     cfg, env, runner, checkpoint = loaded or load_run(run, checkpoint, overrides)
     actor = runner.ppo.get_policy()
     actor.eval()
@@ -424,12 +362,13 @@ def main(args: list[str]) -> None:
     if any(a in ("-h", "--help") for a in args):
         print(HELP)
         return
-    run, options, overrides = parse_args(args, "export", HELP, {"checkpoint": None, "out": None, "steps": "50"})
     from agents.runner import CheckpointError
+    from legion.cli import RunError, parse_run_args
 
+    run, options, overrides = parse_run_args(args, "export", HELP, {"checkpoint": None, "out": None, "steps": "50"})
     try:
         out_dir, report = export_run(run, options["checkpoint"], options["out"], int(options["steps"]), overrides)
-    except (ExportError, CheckpointError) as e:
+    except (ExportError, RunError, CheckpointError) as e:
         sys.exit(f"legion export: {e}")
     meta = json.loads((out_dir / "policy.json").read_text())
     print(f"[legion] exported {meta['checkpoint']} of {run} -> {out_dir}")

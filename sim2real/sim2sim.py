@@ -204,9 +204,10 @@ def main(args: list[str]) -> None:
         return
     from omegaconf import OmegaConf
 
-    from sim2real.export import ExportError, export_run, load_run, parse_args
+    from legion.cli import RunError, load_run, parse_run_args
+    from sim2real.export import ExportError, export_run
 
-    run, options, overrides = parse_args(args, "sim2sim", HELP, {
+    run, options, overrides = parse_run_args(args, "sim2sim", HELP, {
         "checkpoint": None, "onnx": None, "duration_s": "10", "commands": json.dumps(DEFAULT_COMMANDS),
         "realtime": "false", "json": None, "physics": "mjcf"})
     from agents.runner import CheckpointError
@@ -237,7 +238,7 @@ def main(args: list[str]) -> None:
             out_dir, _ = export_run(run, steps=20, loaded=loaded)
             onnx_path = out_dir / "policy.onnx"
         policy = OnnxPolicy(onnx_path)
-    except (ExportError, CheckpointError, PolicyLoadError) as e:
+    except (ExportError, RunError, CheckpointError, PolicyLoadError) as e:
         sys.exit(f"legion sim2sim: {e}")
     cfg, env, _, _ = loaded
     task = OmegaConf.to_container(cfg.task, resolve=True)

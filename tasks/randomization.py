@@ -27,18 +27,15 @@ def main(args: list[str]) -> None:
     bad = [a for a in args if "=" not in a]
     if bad:
         sys.exit(f"legion randomization: expected key=value overrides, got {bad}\n\n{HELP}")
-    from hydra import compose, initialize_config_dir
-
-    from legion.cli import CONFIG_DIR, _setup_process, make_env
+    from legion.cli import compose, make_env, setup_process
 
     if not any(a.split("=", 1)[0].lstrip("+") == "sim.num_envs" for a in args):
         args = [*args, "sim.num_envs=64"]
     try:
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose("train", overrides=args)
+        cfg = compose(*args)
     except Exception as e:
         sys.exit(f"legion randomization: bad override: {e}")
-    _setup_process()
+    setup_process()
     try:
         env = make_env(cfg)
     except ValueError as e:
