@@ -210,7 +210,8 @@ class NewtonSim:
                 raise ValueError("Contact-force sensing needs sim=mujoco. For sim=xpbd set task.sense_contacts=false "
                                  "and remove the task's contact terms (feet_air_time, undesired_contacts, illegal_contact).")
             self.solver = newton.solvers.SolverXPBD(model, **(solver_options or {}))
-            self.contacts = model.contacts()
+            self.collision = newton.CollisionPipeline(model)
+            self.contacts = self.collision.contacts()
             self._state_next = model.state()
         self._newton = newton
 
@@ -349,7 +350,7 @@ class NewtonSim:
             else:
                 # XPBD integrates body poses (maximal coordinates) and needs distinct in/out
                 # states; the joint coordinates the views read are recovered by inverse kinematics.
-                self.model.collide(self.state, self.contacts)
+                self.collision.collide(self.state, self.contacts)
                 self.solver.step(self.state, self._state_next, self.control, self.contacts, self.dt)
                 self.state.assign(self._state_next)
         if self.solver_name == "xpbd":
