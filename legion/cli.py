@@ -12,13 +12,13 @@ from pathlib import Path
 USAGE = """usage: legion <command> [key=value ...]
 
 commands:
-  train   train a policy:        legion train task=quadruped_flat sim.num_envs=256
-          sweep (Hydra multirun): legion train -m seed=0,1,2
-          resume a run:           legion train resume=runs/cartpole/<date>
-  play    run a trained policy:  legion play run=runs/cartpole/<date> [episodes=5] [sim.num_envs=16]
-  randomization  what domain randomization draws per env: legion randomization task=quadruped_flat
-  export  export to ONNX:        legion export run=runs/quadruped_flat/<date> [out=DIR]
-  sim2sim MuJoCo vs Newton:      legion sim2sim run=runs/quadruped_flat/<date> [duration_s=10]
+  train          train a policy          legion train task=quadruped_flat sim.num_envs=256
+                 a Hydra multirun        legion train -m seed=0,1,2
+                 resume a run            legion train resume=runs/cartpole/<date>
+  play           run a trained policy    legion play run=runs/cartpole/<date> [episodes=5]
+  randomization  what each env draws     legion randomization task=quadruped_flat
+  export         export to ONNX          legion export run=runs/quadruped_flat/<date> [out=DIR]
+  sim2sim        MuJoCo next to Newton   legion sim2sim run=runs/quadruped_flat/<date>
 
 `legion <command> --help` explains a command. Tasks: {tasks}
 """
