@@ -45,7 +45,6 @@ replays with the new values).
 from __future__ import annotations
 
 import math
-import os
 import re
 from pathlib import Path
 
@@ -454,10 +453,3 @@ def _match(pattern: str | list[str], names: list[str], kind: str) -> list[int]:
 def _short(label: str) -> str:
     """Newton labels are paths like 'quadruped/FL_calf'; keep the last component."""
     return label.rsplit("/", 1)[-1]
-
-
-def warp_cache_setup() -> None:
-    """Point Warp's kernel cache at ``WARP_CACHE_PATH`` if set (CI shares one directory)."""
-    path = os.environ.get("WARP_CACHE_PATH")
-    if path:
-        wp.config.kernel_cache_dir = path
