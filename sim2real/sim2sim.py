@@ -97,7 +97,7 @@ def run_newton(env, policy, commands: np.ndarray, steps: int, terms: dict) -> li
         env.command.value[:] = torch.as_tensor(commands, dtype=torch.float32, device=env.device)
         env.command.steps_left[:] = 1 << 40  # never resample during the episode
         # The reset computed observations with the sampled commands; rebuild them with ours.
-        obs = env._compute_observations()
+        obs = env.refresh_observations()
         for t in range(steps):
             flat = torch.cat([obs[g] for g in groups], dim=-1).cpu().numpy()
             actions, state = policy(flat, state)

@@ -170,6 +170,11 @@ class LegionEnv(VecEnv):
     def reset(self) -> TensorDict:
         """Resets every world (at construction; training then resets worlds as they finish)."""
         self._reset_idx(torch.arange(self.num_envs, device=self.device))
+        return self.refresh_observations()
+
+    def refresh_observations(self) -> TensorDict:
+        """Recomputes the observations from the current state, e.g. after a caller wrote the
+        state or the commands directly."""
         self._observations = self._compute_observations()
         return self._observations
 

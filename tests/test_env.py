@@ -50,7 +50,7 @@ def test_observation_terms_and_layout(quadruped_env):
     assert names[:4] == ["base_lin_vel", "base_ang_vel", "projected_gravity", "velocity_commands"]
     assert sum(t["size"] for t in layout["policy"]) == 48
     env.noise_enabled = False
-    obs = env._compute_observations()["policy"]
+    obs = env.refresh_observations()["policy"]
     gravity = obs[:, 6:9]
     assert torch.allclose(gravity.norm(dim=1), torch.ones(4), atol=1e-5)
     commands = obs[:, 9:12]
