@@ -44,8 +44,10 @@ replays with the new values).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +74,24 @@ PARAMS = {
     "joint_armature": "JOINT_DOF_INERTIAL_PROPERTIES",  # MuJoCo recomputes constants: costlier
     "gravity": "MODEL_PROPERTIES",
 }
+
+
+# Warp's CPU kernels point a static of their module at the calling thread's tile arena (LLVM's
+# JIT has no thread-local storage), so two threads running them at once corrupt each other's
+# tiles: "Warp CPU tile shared-memory allocation exceeds the 256 KiB arena", then an abort or a
+# segfault (seen with two quadruped sims stepped from two threads). Every NewtonSim method that
+# launches kernels holds this lock, so sims used from several threads take turns instead.
+# Uncontended (one thread steps the sims, as in agent.mode=async) it costs nothing measurable.
+_WARP_LOCK = threading.Lock()
+
+
+def _one_thread_at_a_time(method):
+    @functools.wraps(method)
+    def locked(*args, **kwargs):
+        with _WARP_LOCK:
+            return method(*args, **kwargs)
+
+    return locked
 
 
 def resolve_asset(path: str) -> Path:
@@ -143,6 +163,7 @@ class NewtonSim:
         use_graph: capture the decimated step as one Warp graph (CPU and CUDA).
     """
 
+    @_one_thread_at_a_time
     def __init__(
         self,
         robot: str,
@@ -357,6 +378,7 @@ class NewtonSim:
         if self._geom_slot is not None:
             self._sense_contacts()
 
+    @_one_thread_at_a_time
     def step(self) -> None:
         """Advance every world by one control step (``decimation`` physics steps)."""
         if self._changed:
@@ -370,6 +392,7 @@ class NewtonSim:
         """Sets an external wrench (num_envs, 6) [N, N*m] on the floating base, world frame."""
         self._root_force.copy_(force)
 
+    @_one_thread_at_a_time
     def reset(
         self,
         env_ids: torch.Tensor,
