@@ -181,8 +181,8 @@ class AsyncRunner(Runner):
                 if behind == BEHIND_ITERATIONS and self.max_lag > 0:
                     print(f"[legion] warning: the learner is behind: the actor waited for a policy update in each of "
                           f"the last {behind} iterations ({report['actor_wait_s']:.2f}s of {report['wall_s']:.2f}s; "
-                          f"update {report['learn_s']:.2f}s vs rollout {report['collect_s']:.2f}s). Fewer "
-                          "agent.algorithm.num_learning_epochs/num_mini_batches or more envs rebalance it.", flush=True)
+                          f"update {report['learn_s']:.2f}s vs rollout {report['collect_s']:.2f}s), so the envs idle. Fewer "
+                          "agent.algorithm.num_learning_epochs or num_mini_batches shorten the update.", flush=True)
                 if self.log_dir is not None and self._save_due(report["iteration"]):
                     self.save()  # from the published copy: neither worker pauses
         finally:

@@ -64,7 +64,7 @@ def test_async_with_lag_0_equals_sync_bit_for_bit():
 
 
 @pytest.mark.parametrize("slow", ["learner", "actor"])
-def test_policy_lag_stays_bounded_with_a_slow_side(env, slow):
+def test_policy_lag_stays_bounded_with_a_slow_side(env, slow, capsys):
     runner = _runner("agent.mode=async", "agent.max_policy_lag=1", env=env)
     if slow == "learner":
         update = runner.ppo.update
@@ -84,10 +84,12 @@ def test_policy_lag_stays_bounded_with_a_slow_side(env, slow):
         # and then collects with the previous policy, so every sample lags by exactly 1.
         assert all(h["actor_wait_s"] > 0.05 for h in history)
         assert all(h["lag_mean"] == 1 for h in history)
+        assert "warning: the learner is behind" in capsys.readouterr().out
     else:
         # The learner waits for data, and the actor swaps in each new policy mid-rollout.
         assert all(h["learner_wait_s"] > 0.05 for h in history)
         assert all(h["lag_mean"] < 1 for h in history)
+        assert "learner is behind" not in capsys.readouterr().out
 
 
 def test_lag_bound_2_is_reached_and_held(env):
