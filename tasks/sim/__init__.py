@@ -79,7 +79,8 @@ PARAMS = {
 # Warp's CPU kernels point a static of their module at the calling thread's tile arena (LLVM's
 # JIT has no thread-local storage), so two threads running them at once corrupt each other's
 # tiles: "Warp CPU tile shared-memory allocation exceeds the 256 KiB arena", then an abort or a
-# segfault (seen with two quadruped sims stepped from two threads). Every NewtonSim method that
+# segfault (seen with two quadruped sims stepped from two threads; the static is the one of
+# NVIDIA/warp#1413, thread safety is NVIDIA/warp#1491). Every NewtonSim method that
 # launches kernels holds this lock, so sims used from several threads take turns instead.
 # Uncontended (one thread steps the sims, as in agent.mode=async) it costs nothing measurable.
 _WARP_LOCK = threading.Lock()
