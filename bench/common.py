@@ -19,7 +19,14 @@ setup_process()  # quiet Warp, the kernel cache above
 
 
 def machine() -> str:
-    return f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, warp {wp.__version__}"
+    """Host, CPU model and core count, and the versions that set the speed."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{platform.node()}, {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, warp {wp.__version__}"
 
 
 def write_json(name: str, rows, **meta) -> Path:
