@@ -18,12 +18,21 @@ Lag 0 is sync PPO run by two threads: the actor starts rollout k only after upda
 with rsl-rl's ``PPO.act`` (values included) and the learner uses rsl-rl's GAE; same seed, same
 weights, bit for bit. Lag >= 1: the actor skips the critic and the learner re-evaluates the
 rollout with its current networks and V-trace targets (:func:`agents.ppo.compute_returns_off_policy`).
+Which version acts at which step then depends on timing, so lag >= 1 runs are not
+bit-reproducible.
 
-Devices. On CPU the two threads run in parallel where the time goes: Warp kernels, Warp graph
-replay and torch kernels release the GIL. On CUDA the actor keeps the default stream (the one
-the env's Warp/torch interop synchronizes with), the learner gets its own stream, and CUDA
-events order every handover (rollout -> learner, weights -> actor); on CPU those events are
-``None`` because CPU ops complete before the call returns.
+Threads, not processes. On CPU the two threads run in parallel where the time goes: Warp
+kernels, Warp graph replay and torch kernels release the GIL. ``bench/overlap.py`` measured two
+processes against two threads (BENCHMARKS.md): equal for the quadruped (1.96 vs 1.98 cores'
+worth of work on 2 cores), 6% better for cart-pole, whose small-tensor Python loops contend for
+the GIL; not worth rollouts and weights in shared memory. Only the actor thread touches the env:
+Warp's CPU kernels must not run in two threads at once (see ``tasks.sim``).
+
+CUDA. The actor keeps torch's legacy default stream, which Warp's own (blocking) stream
+synchronizes with implicitly; the learner gets a torch stream of its own (non-blocking), and
+CUDA events order every handover (rollout -> learner, weights -> actor). On CPU those events
+are ``None``: CPU ops complete before the call returns. (This path has not yet run on a GPU:
+no GPU was lent to the project's sessions so far.)
 """
 
 from __future__ import annotations
