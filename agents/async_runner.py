@@ -17,7 +17,8 @@ lag is often below L.
 Lag 0 is sync PPO run by two threads: the actor starts rollout k only after update k - 1, acts
 with rsl-rl's ``PPO.act`` (values included) and the learner uses rsl-rl's GAE; same seed, same
 weights, bit for bit. Lag >= 1: the actor skips the critic and the learner re-evaluates the
-rollout with its current networks and V-trace targets (:func:`agents.ppo.compute_returns_off_policy`).
+rollout with its current networks, V-trace targets and the decoupled PPO objective
+(:func:`agents.ppo.compute_returns_off_policy`).
 Which version acts at which step then depends on timing, so lag >= 1 runs are not
 bit-reproducible.
 

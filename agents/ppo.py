@@ -6,7 +6,7 @@ so an rsl-rl upgrade changes this module only.
 
 What rsl-rl lacks for asynchronous PPO is here too: a second "behaviour" PPO that the actor
 thread acts with, a rollout buffer that remembers which policy version made each step, and
-V-trace targets for rollouts collected by an older policy.
+V-trace targets and the decoupled PPO objective for rollouts collected by an older policy.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def vtrace(values, rewards, dones, last_values, log_rhos, gamma: float, lam: flo
         A_t       = delta_t + gamma * lam * not_done_t * (v_{t+1} - V_{t+1})                 (advantages)
 
     A_t is IMPALA's policy-gradient advantage r_t + gamma v_{t+1} - V_t in lambda form, without
-    rho_t: the PPO ratio pi_theta/mu already weights the action a_t itself.
+    IMPALA's factor rho_t: :func:`compute_returns_off_policy` weights it (after normalizing).
     With pi = mu (log_rhos = 0) both are rsl-rl's GAE(gamma, lambda), in its order of operations.
 
     Returns:
@@ -169,15 +169,24 @@ def vtrace(values, rewards, dones, last_values, log_rhos, gamma: float, lam: flo
 
 
 def compute_returns_off_policy(ppo: PPO, rollout: RolloutBuffer, rho_clip: float, c_clip: float) -> None:
-    """Value targets and advantages for a rollout collected by an older policy (async PPO).
+    """Prepares a rollout collected by an older policy mu (async PPO) so that rsl-rl's unchanged
+    ``PPO.update`` optimizes the decoupled PPO objective (Hilton et al. 2021, "Batch size-invariance
+    for policy optimization"; IMPACT, Luo et al. 2020, truncates its weight the same way):
 
-    The learner re-evaluates every state with its current critic and the taken actions with its
-    current actor, then computes V-trace targets and advantages (:func:`vtrace`). The PPO ratio
-    and the adaptive learning rate's KL keep the behaviour policy's log-probabilities and
-    distribution stored by the actor: PPO's trust region stays centred on the policy that
-    acted, and a stale rollout lowers the learning rate. (Measuring the KL from the learner's
-    own policy instead let the rate climb while the clip held the step back; on cart-pole at
-    lag ~0.9 it learned about half as fast per iteration.)
+        E_mu[ w_t * min(r_t * A_t, clip(r_t, 1 - eps, 1 + eps) * A_t) ],
+        r_t = pi_theta / pi_prox,   w_t = min(rho_clip, pi_prox / mu)
+
+    pi_prox is the learner's policy as the update starts (version k). The learner re-evaluates
+    every state with its current critic and the taken actions with its current actor, then
+    computes V-trace targets and advantages (:func:`vtrace`). The rollout's stored log-probs and
+    distribution become pi_prox's, and its advantages (normalized, as rsl-rl does) are weighted
+    by w_t: the behaviour policy's log-probabilities enter through w_t, while PPO's clip and the
+    adaptive learning rate's KL measure the update's own step from pi_prox, as in sync PPO.
+
+    Why: clipping and measuring the KL against mu instead centres the trust region on a policy
+    one update old. The KL then starts each update near the previous update's own step, the
+    adaptive rate shrinks, and the quadruped learned ~4x less per iteration (BENCHMARKS.md).
+    (With ``normalize_advantage_per_mini_batch`` rsl-rl re-normalizes the weighted advantages.)
     """
     st, T, N = rollout, rollout.num_transitions_per_env, rollout.num_envs
     obs = st.observations.flatten(0, 1)
@@ -188,10 +197,14 @@ def compute_returns_off_policy(ppo: PPO, rollout: RolloutBuffer, rho_clip: float
     log_prob = actor.get_output_log_prob(st.actions.flatten(0, 1)).view(T, N, 1)
     # The actor had no critic: bootstrap time-outs here, as rsl-rl's process_env_step does.
     st.rewards += ppo.gamma * values * st.time_outs
-    targets, advantages = vtrace(values, st.rewards, st.dones, last_values, log_prob - st.actions_log_prob,
-                                 ppo.gamma, ppo.lam, rho_clip, c_clip)
+    log_rhos = log_prob - st.actions_log_prob
+    targets, advantages = vtrace(values, st.rewards, st.dones, last_values, log_rhos, ppo.gamma, ppo.lam,
+                                 rho_clip, c_clip)
     st.returns.copy_(targets)
     st.values.copy_(values)
-    st.advantages = advantages
     if not ppo.normalize_advantage_per_mini_batch:
-        st.advantages = (st.advantages - st.advantages.mean()) / (st.advantages.std() + 1e-8)
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    st.advantages = advantages * torch.exp(log_rhos).clamp(max=rho_clip)
+    st.actions_log_prob.copy_(log_prob)
+    for stored, prox in zip(st.distribution_params, actor.output_distribution_params):
+        stored.copy_(prox.view_as(stored))

@@ -16,7 +16,8 @@ import torch
 from omegaconf import OmegaConf
 
 from agents.async_runner import AsyncRunner
-from agents.ppo import build_ppo, vtrace
+from agents.ppo import (RolloutBuffer, act_without_values, build_behaviour_ppo, build_ppo,
+                        compute_returns_off_policy, vtrace)
 from agents.runner import latest_checkpoint, load_checkpoint, make_runner
 from conftest import ROOT, compose, make_env
 
@@ -142,6 +143,40 @@ def test_vtrace_on_policy_is_rsl_rl_gae(env):
     assert torch.equal(targets, st.returns)
     # rsl-rl takes advantages as returns - values: one rounding away from the recursion's own value.
     assert torch.allclose(advantages, st.advantages, atol=1e-6, rtol=0)
+
+
+def test_stale_rollout_is_learned_from_the_learners_policy_with_truncated_weights(env):
+    """Decoupled PPO: after compute_returns_off_policy, the rollout's log-probs and distribution are
+    the learner's own (the update's first ratio is 1 and its KL 0, as in sync PPO) and each
+    advantage is weighted by min(1, pi_learner / pi_behaviour)."""
+    cfg = OmegaConf.to_container(compose(*SMALL).agent, resolve=True)
+    learner = build_ppo(env, cfg, "cpu", storage=RolloutBuffer(env, STEPS, "cpu"))
+    behaviour = build_behaviour_ppo(env, cfg, "cpu")  # other initial weights: a stale policy
+    behaviour.storage = rollout = learner.storage
+    obs = env.get_observations()
+    with torch.inference_mode():
+        for step in range(STEPS):
+            obs, rewards, dones, extras = env.step(act_without_values(behaviour, obs))
+            behaviour.process_env_step(obs, rewards, dones, extras)
+            rollout.time_outs[step].copy_(extras["time_outs"].view(-1, 1))
+        rollout.last_obs.copy_(obs)
+        behaviour_log_prob = rollout.actions_log_prob.clone()
+        compute_returns_off_policy(learner, rollout, rho_clip=1.0, c_clip=1.0)
+
+        flat_obs = rollout.observations.flatten(0, 1)
+        learner.actor(flat_obs, stochastic_output=True)
+        learner_log_prob = learner.actor.get_output_log_prob(rollout.actions.flatten(0, 1)).view(STEPS, ENVS, 1)
+        kl = learner.actor.get_kl_divergence(tuple(p.flatten(0, 1) for p in rollout.distribution_params),
+                                             learner.actor.output_distribution_params)
+        values = learner.critic(flat_obs).view(STEPS, ENVS, 1)
+        _, advantages = vtrace(values, rollout.rewards, rollout.dones, learner.critic(obs),
+                               learner_log_prob - behaviour_log_prob, learner.gamma, learner.lam)
+    assert torch.allclose(rollout.actions_log_prob, learner_log_prob, atol=1e-5)
+    assert kl.abs().max() < 1e-5
+    weights = torch.exp(learner_log_prob - behaviour_log_prob).clamp(max=1.0)
+    assert 0.01 < weights.min() < 0.9 and weights.max() == 1.0  # both sides of the clip occur
+    normalized = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    assert torch.allclose(rollout.advantages, normalized * weights, atol=1e-5)
 
 
 def test_actor_exception_surfaces_in_the_main_thread_within_a_second(env):
