@@ -20,6 +20,7 @@ the two layouts is sharing one interpreter. Writes bench/results/overlap.json.
 
 import argparse
 import multiprocessing as mp
+import queue
 import statistics
 import threading
 import time
@@ -46,34 +47,37 @@ def _work(role: str, cfg, seconds: float, start) -> float:
     agent = OmegaConf.to_container(cfg.agent, resolve=True)
     env = make_env(cfg)
     steps, num_envs = agent["num_steps_per_env"], env.num_envs
+    storage = RolloutBuffer(env, steps, "cpu")
     if role == "actor":
         ppo = build_behaviour_ppo(env, agent, "cpu")
-        ppo.storage = RolloutBuffer(env, steps, "cpu")
+        ppo.storage = storage
     else:
-        ppo = build_ppo(env, agent, "cpu", storage=RolloutBuffer(env, steps, "cpu"))
+        ppo = build_ppo(env, agent, "cpu", storage=storage)
     obs = env.get_observations()
-    if role == "learner":  # a full rollout to learn from, over and over
-        with torch.inference_mode():
-            for _ in range(steps):
-                obs, rewards, dones, extras = env.step(act_without_values(ppo, obs))
-                ppo.process_env_step(obs, rewards, dones, extras)
-            ppo.storage.last_obs.copy_(obs)
+
+    @torch.inference_mode()
+    def collect(obs):
+        """One rollout, as the async actor collects it."""
+        for _ in range(steps):
+            obs, rewards, dones, extras = env.step(act_without_values(ppo, obs))
+            ppo.process_env_step(obs, rewards, dones, extras)
+        storage.last_obs.copy_(obs)
+        return obs
+
+    if role == "learner":
+        obs = collect(obs)  # one rollout to learn from, over and over
     ppo.train_mode()
     start.wait()
     units, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         if role == "actor":
-            with torch.inference_mode():
-                for _ in range(steps):
-                    obs, rewards, dones, extras = env.step(act_without_values(ppo, obs))
-                    ppo.process_env_step(obs, rewards, dones, extras)
-            ppo.storage.clear()
-            units += steps * num_envs
+            obs = collect(obs)
+            storage.clear()
         else:
             with torch.inference_mode():
-                compute_returns_off_policy(ppo, ppo.storage, 1.0, 1.0)
+                compute_returns_off_policy(ppo, storage, 1.0, 1.0)
             ppo.update()
-            units += steps * num_envs
+        units += steps * num_envs
     return units / (time.perf_counter() - t0)
 
 
@@ -81,7 +85,7 @@ def measure(layout: str, roles: list[str], task: str, num_envs: int, seconds: fl
     """Runs ``roles`` at once as threads of this process or as separate processes."""
     cfg = compose(f"task={task}", f"sim.num_envs={num_envs}")  # here: Hydra's compose is not thread-safe
     if layout == "thread":
-        start, results = threading.Barrier(len(roles)), __import__("queue").Queue()
+        start, results = threading.Barrier(len(roles)), queue.Queue()
         workers = [threading.Thread(target=side, args=(r, cfg, seconds, start, results)) for r in roles]
     else:
         ctx = mp.get_context("spawn")  # fresh interpreters, as a process-based runner would start
