@@ -124,6 +124,28 @@ def test_resetting_env_3_leaves_the_others_untouched(quad_pair):
     assert sim.body_pos[3, 0].tolist() == pytest.approx([1.0, 2.0, 0.5])  # body poses follow (FK)
 
 
+def test_a_reset_world_forgets_its_past(quad_pair):
+    """The same reset followed by the same actions gives the same future, bit for bit, whatever
+    the worlds did before: the reset clears the solver's warm start (MuJoCo's qacc_warmstart),
+    which otherwise carries the previous episode into the next one."""
+    sim = quad_pair[0]
+    pose = torch.tensor([0.1, 0.8, -1.5, -0.1, 0.8, -1.5, 0.1, 1.0, -1.5, -0.1, 1.0, -1.5])
+    noise = torch.randn(30, 4, 12, generator=torch.Generator().manual_seed(2)) * 0.3
+    past, future = pose + noise[:20], pose + noise[20:]
+    futures = []
+    for past_steps in (20, 3):
+        stand(sim)
+        for target in past[:past_steps]:
+            sim.joint_target_pos[:] = target
+            sim.step()
+        stand(sim, height=0.31)  # feet in contact from the first substep: the solver has work
+        for target in future:
+            sim.joint_target_pos[:] = target
+            sim.step()
+        futures.append((sim._joint_q.clone(), sim._joint_qd.clone()))
+    assert torch.equal(futures[0][0], futures[1][0]) and torch.equal(futures[0][1], futures[1][1])
+
+
 def test_contact_forces_carry_the_robot_weight(quad_pair):
     sim = quad_pair[0]
     stand(sim)

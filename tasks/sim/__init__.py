@@ -321,9 +321,11 @@ class NewtonSim:
         self._contact_out = wp.from_torch(self.contact_forces, dtype=wp.vec3)
         self._geom_slot = self._mujoco_geom_slots() if sense_contacts else None
 
-        # Reset bookkeeping: eval_fk on the reset worlds only.
-        self._fk_mask = wp.zeros(n, dtype=wp.bool, device=device)
-        self._fk_mask_t = wp.to_torch(self._fk_mask)
+        # Reset bookkeeping: Newton's per-world reset mask (the last entry is the shared ground,
+        # never reset); eval_fk takes one entry per world, the first n.
+        self._reset_mask = wp.zeros(n + 1, dtype=wp.bool, device=device)
+        self._reset_mask_t = wp.to_torch(self._reset_mask)
+        self._fk_mask = self._reset_mask[:n]
 
         self.graph = None
         if use_graph:
@@ -403,7 +405,9 @@ class NewtonSim:
         root_vel: torch.Tensor | None = None,
     ) -> None:
         """Writes the state of the worlds ``env_ids`` only, leaving the others untouched, and
-        recomputes their body poses. ``None`` keeps what the views already hold.
+        recomputes their body poses. ``None`` keeps what the views already hold. The solver
+        forgets what it carried over for these worlds (MuJoCo's warm start), so a reset world's
+        future depends on its new state only, not on its previous episode.
 
         Args:
             env_ids: (k,) long indices of the worlds to reset.
@@ -422,9 +426,10 @@ class NewtonSim:
         if root_vel is not None:
             self._joint_qd[env_ids, :6] = root_vel
         # Body poses follow from the joint coordinates; refresh them for these worlds only.
-        self._fk_mask_t.zero_()
-        self._fk_mask_t[env_ids] = True
+        self._reset_mask_t.zero_()
+        self._reset_mask_t[env_ids] = True
         self._newton.eval_fk(self.model, self.state.joint_q, self.state.joint_qd, self.state, mask=self._fk_mask)
+        self.solver.reset(self.state, self._reset_mask, flags=0)  # flags=0: solver buffers only
 
     def params_changed(self, *names: str) -> None:
         """Marks per-env parameter views (names from ``PARAMS``) as edited; the next :meth:`step`
