@@ -9,15 +9,22 @@ import warp as wp
 from tasks.sim import NewtonSim
 
 QUAD = dict(robot="quadruped.xml", dt=0.005, decimation=4)
+STAND_POSE = torch.tensor([0.1, 0.8, -1.5, -0.1, 0.8, -1.5, 0.1, 1.0, -1.5, -0.1, 1.0, -1.5])
+
+
+def drive(sim: NewtonSim, targets: torch.Tensor) -> None:
+    """One control step per row of ``targets`` (steps, num_envs, 12)."""
+    for target in targets:
+        sim.joint_target_pos[:] = target
+        sim.step()
 
 
 def stand(sim: NewtonSim, height: float = 0.33) -> None:
     """Every world to the standing pose, targets at that pose."""
-    pose = torch.tensor([0.1, 0.8, -1.5, -0.1, 0.8, -1.5, 0.1, 1.0, -1.5, -0.1, 1.0, -1.5])
     ids = torch.arange(sim.num_envs)
     root = torch.tensor([0.0, 0.0, height, 0.0, 0.0, 0.0, 1.0]).repeat(sim.num_envs, 1)
-    sim.reset(ids, pose.repeat(sim.num_envs, 1), torch.zeros(sim.num_envs, 12), root, torch.zeros(sim.num_envs, 6))
-    sim.joint_target_pos[:] = pose
+    sim.reset(ids, STAND_POSE.repeat(sim.num_envs, 1), torch.zeros(sim.num_envs, 12), root, torch.zeros(sim.num_envs, 6))
+    sim.joint_target_pos[:] = STAND_POSE
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +50,7 @@ def test_graph_step_equals_eager_step_bit_for_bit(quad_pair):
     for sim in quad_pair:
         stand(sim)
     for _ in range(25):
-        targets = graph.default_joint_pos * 0 + torch.randn(4, 12) * 0.3 + torch.tensor(
-            [0.1, 0.8, -1.5, -0.1, 0.8, -1.5, 0.1, 1.0, -1.5, -0.1, 1.0, -1.5])
+        targets = graph.default_joint_pos * 0 + torch.randn(4, 12) * 0.3 + STAND_POSE
         for sim in quad_pair:
             sim.joint_target_pos[:] = targets
             sim.step()
@@ -58,15 +64,12 @@ def test_sims_stepped_from_two_threads_take_turns(quad_pair):
     """Warp's CPU tile kernels share one static per module: two threads stepping at once used to
     abort ("tile shared-memory allocation exceeds the 256 KiB arena") or segfault. NewtonSim
     serializes its kernel launches, so both threads finish with the state a lone thread makes."""
-    pose = torch.tensor([0.1, 0.8, -1.5, -0.1, 0.8, -1.5, 0.1, 1.0, -1.5, -0.1, 1.0, -1.5])
-    targets = pose + torch.randn(50, 4, 12, generator=torch.Generator().manual_seed(1)) * 0.3
+    targets = STAND_POSE + torch.randn(50, 4, 12, generator=torch.Generator().manual_seed(1)) * 0.3
     errors = []
 
     def walk(sim):
         try:
-            for target in targets:
-                sim.joint_target_pos[:] = target
-                sim.step()
+            drive(sim, targets)
         except BaseException as e:  # surfaces in the main thread below
             errors.append(e)
 
@@ -129,19 +132,14 @@ def test_a_reset_world_forgets_its_past(quad_pair):
     the worlds did before: the reset clears the solver's warm start (MuJoCo's qacc_warmstart),
     which otherwise carries the previous episode into the next one."""
     sim = quad_pair[0]
-    pose = torch.tensor([0.1, 0.8, -1.5, -0.1, 0.8, -1.5, 0.1, 1.0, -1.5, -0.1, 1.0, -1.5])
     noise = torch.randn(30, 4, 12, generator=torch.Generator().manual_seed(2)) * 0.3
-    past, future = pose + noise[:20], pose + noise[20:]
+    past, future = STAND_POSE + noise[:20], STAND_POSE + noise[20:]
     futures = []
     for past_steps in (20, 3):
         stand(sim)
-        for target in past[:past_steps]:
-            sim.joint_target_pos[:] = target
-            sim.step()
+        drive(sim, past[:past_steps])
         stand(sim, height=0.31)  # feet in contact from the first substep: the solver has work
-        for target in future:
-            sim.joint_target_pos[:] = target
-            sim.step()
+        drive(sim, future)
         futures.append((sim._joint_q.clone(), sim._joint_qd.clone()))
     assert torch.equal(futures[0][0], futures[1][0]) and torch.equal(futures[0][1], futures[1][1])
 
