@@ -18,7 +18,7 @@ Lag 0 is sync PPO run by two threads: the actor starts rollout k only after upda
 with rsl-rl's ``PPO.act`` (values included) and the learner uses rsl-rl's GAE; same seed, same
 weights, bit for bit. Lag >= 1: the actor skips the critic and the learner re-evaluates the
 rollout with its current networks, V-trace targets and the decoupled PPO objective
-(:func:`agents.ppo.compute_returns_off_policy`).
+(:func:`legion.agents.ppo.compute_returns_off_policy`).
 Which version acts at which step then depends on timing, so lag >= 1 runs are not
 bit-reproducible.
 
@@ -27,7 +27,7 @@ kernels, Warp graph replay and torch kernels release the GIL. ``bench/overlap.py
 processes against two threads (BENCHMARKS.md): equal for the quadruped (1.96 vs 1.98 cores'
 worth of work on 2 cores), 6% better for cart-pole, whose small-tensor Python loops contend for
 the GIL; not worth rollouts and weights in shared memory. Only the actor thread touches the env:
-Warp's CPU kernels must not run in two threads at once (see ``tasks.sim``).
+Warp's CPU kernels must not run in two threads at once (see ``legion.tasks.sim``).
 
 CUDA. The actor keeps torch's legacy default stream, which Warp's own (blocking) stream
 synchronizes with implicitly; the learner gets a torch stream of its own (non-blocking), and
@@ -47,9 +47,9 @@ from dataclasses import dataclass
 
 import torch
 
-from agents.ppo import (RolloutBuffer, Stopped, act_without_values, build_behaviour_ppo, clone_tree,
+from legion.agents.ppo import (RolloutBuffer, Stopped, act_without_values, build_behaviour_ppo, clone_tree,
                         compute_returns_off_policy, load_policy_state, load_weights, policy_state)
-from agents.runner import Runner
+from legion.agents.runner import Runner
 
 # Warn when the actor waited for the learner more than this share of an iteration ...
 BEHIND_FRACTION = 0.1
@@ -121,7 +121,7 @@ class Published:
 
 class AsyncRunner(Runner):
     """Asynchronous actor-learner PPO on one device. Same arguments, checkpoints and
-    telemetry as :class:`agents.runner.Runner`, plus the ``agent`` keys ``max_policy_lag``
+    telemetry as :class:`legion.agents.runner.Runner`, plus the ``agent`` keys ``max_policy_lag``
     and ``vtrace.rho_clip`` / ``vtrace.c_clip``."""
 
     def __init__(self, env, agent_cfg: dict, log_dir=None, device: str = "cpu"):

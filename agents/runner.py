@@ -3,7 +3,7 @@
 Sees only rsl-rl's VecEnv contract, never the simulator. A run folder holds
 ``config.yaml`` (the resolved config), ``model_<it>.pt`` checkpoints and TensorBoard events.
 ``agent.mode=sync`` is this module's :class:`Runner`; ``agent.mode=async`` is
-:class:`agents.async_runner.AsyncRunner`, which shares its checkpoints and telemetry.
+:class:`legion.agents.async_runner.AsyncRunner`, which shares its checkpoints and telemetry.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agents.ppo import build_ppo, clone_tree, load_policy_state, policy_state
+from legion.agents.ppo import build_ppo, clone_tree, load_policy_state, policy_state
 
 
 class CheckpointError(RuntimeError):
@@ -33,7 +33,7 @@ def make_runner(env, agent_cfg: dict, log_dir: str | Path | None = None, device:
     if mode == "sync":
         return Runner(env, agent_cfg, log_dir, device)
     if mode == "async":
-        from agents.async_runner import AsyncRunner
+        from legion.agents.async_runner import AsyncRunner
 
         return AsyncRunner(env, agent_cfg, log_dir, device)
     raise ValueError(f"agent.mode must be 'sync' or 'async', got '{mode}'")

@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 def train_once(env, task: str, num_envs: int, mode: str, seed: int, iterations: int, lag: int,
                initial_env_state) -> dict:
     """One training run on an existing env; returns its throughput, final reward and curve."""
-    from agents.runner import make_runner
+    from legion.agents.runner import make_runner
 
     cfg = compose(f"task={task}", f"sim.num_envs={num_envs}", f"seed={seed}", f"agent.mode={mode}",
                   f"agent.max_policy_lag={lag}", f"agent.log_interval={max(1, iterations // 5)}")

@@ -41,7 +41,7 @@ def side(role: str, cfg, seconds: float, start, results) -> None:
 
 
 def _work(role: str, cfg, seconds: float, start) -> float:
-    from agents.ppo import RolloutBuffer, act_without_values, build_behaviour_ppo, build_ppo, compute_returns_off_policy
+    from legion.agents.ppo import RolloutBuffer, act_without_values, build_behaviour_ppo, build_ppo, compute_returns_off_policy
     from legion.cli import make_env
 
     agent = OmegaConf.to_container(cfg.agent, resolve=True)

@@ -39,8 +39,8 @@ def main():
     from rsl_rl.models import MLPModel
     from tensordict import TensorDict
 
-    from sim2real.deploy import PolicyRunner
-    from sim2real.export import to_fp16, to_onnx, with_metadata
+    from legion.sim2real.deploy import PolicyRunner
+    from legion.sim2real.export import to_fp16, to_onnx, with_metadata
 
     torch.manual_seed(0)
     obs = TensorDict({"policy": torch.randn(256, 48)}, batch_size=[256])
@@ -70,7 +70,7 @@ def main():
 
     from common import compose
     from legion.cli import make_env
-    from sim2real.export import build_metadata
+    from legion.sim2real.export import build_metadata
 
     cfg = compose("task=quadruped_flat", "sim.num_envs=1")
     with tempfile.TemporaryDirectory() as tmp:  # a stand-in run folder: config + a checkpoint stub

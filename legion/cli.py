@@ -30,7 +30,7 @@ deterministically with observation noise off, and prints the return and length o
 finished episode. Any config key can be overridden, e.g. sim.num_envs=4 device=cpu.
 """
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"  # legion.configs
 
 
 def task_names() -> list[str]:
@@ -71,7 +71,7 @@ def _container(node) -> dict:
 
 def make_env(cfg):
     """The task's env from a composed config."""
-    from tasks.env import LegionEnv
+    from legion.tasks.env import LegionEnv
 
     return LegionEnv(_container(cfg.task), _container(cfg.sim), device=cfg.device, seed=cfg.seed)
 
@@ -97,7 +97,7 @@ def train(cfg) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from agents.runner import CheckpointError, latest_checkpoint, make_runner
+    from legion.agents.runner import CheckpointError, latest_checkpoint, make_runner
 
     setup_process()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -169,7 +169,7 @@ def load_run(run: Path, checkpoint: str | Path | None = None, overrides: list[st
     """
     from omegaconf import OmegaConf, open_dict
 
-    from agents.runner import CheckpointError, Runner, latest_checkpoint
+    from legion.agents.runner import CheckpointError, Runner, latest_checkpoint
 
     cfg = OmegaConf.load(run / "config.yaml")
     OmegaConf.set_struct(cfg, True)
@@ -212,7 +212,7 @@ def load_run(run: Path, checkpoint: str | Path | None = None, overrides: list[st
 def play(args: list[str]) -> None:
     import torch
 
-    from agents.runner import CheckpointError
+    from legion.agents.runner import CheckpointError
 
     run, options, overrides = parse_run_args(args, "play", PLAY_HELP, {"checkpoint": None, "episodes": "5"})
     try:
@@ -270,9 +270,9 @@ TRAINING_STACK = {"torch", "warp", "newton", "mujoco", "mujoco_warp", "rsl_rl", 
 COMMANDS = {
     "train": _hydra_train,
     "play": _play,
-    "randomization": "tasks.randomization:main",
-    "export": "sim2real.export:main",
-    "sim2sim": "sim2real.sim2sim:main",
+    "randomization": "legion.tasks.randomization:main",
+    "export": "legion.sim2real.export:main",
+    "sim2sim": "legion.sim2real.sim2sim:main",
 }
 
 

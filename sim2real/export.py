@@ -79,7 +79,7 @@ def build_metadata(env, cfg, run: Path, checkpoint: Path, actor) -> dict:
     import torch
     from omegaconf import OmegaConf
 
-    from agents.runner import load_checkpoint
+    from legion.agents.runner import load_checkpoint
 
     sim = env.sim
     layout = env.observation_layout()
@@ -297,7 +297,7 @@ def export_policy(actor, metadata: dict, observations: list, out_dir: Path) -> d
     """
     import copy
 
-    from sim2real.deploy.policy import OnnxPolicy
+    from legion.sim2real.deploy.policy import OnnxPolicy
 
     actor.reset()  # drops any recurrent state (inference tensors do not deep-copy)
     actor = copy.deepcopy(actor).cpu().eval()
@@ -362,7 +362,7 @@ def main(args: list[str]) -> None:
     if any(a in ("-h", "--help") for a in args):
         print(HELP)
         return
-    from agents.runner import CheckpointError
+    from legion.agents.runner import CheckpointError
     from legion.cli import RunError, parse_run_args
 
     run, options, overrides = parse_run_args(args, "export", HELP, {"checkpoint": None, "out": None, "steps": "50"})

@@ -3,8 +3,8 @@
 Both engines start the robot at rest in the default pose, base level at the task's default
 height, and hold one velocity command per episode for ``duration_s``. The same exported
 ``policy.onnx`` drives both: in Newton through onnxruntime on the env's observations, in
-MuJoCo through :class:`~sim2real.deploy.PolicyRunner` and :class:`~sim2real.deploy.ControlLoop`
-(with its clamps and watchdog) on :class:`~sim2real.deploy.mujoco_robot.MuJoCoRobot`.
+MuJoCo through :class:`~legion.sim2real.deploy.PolicyRunner` and :class:`~legion.sim2real.deploy.ControlLoop`
+(with its clamps and watchdog) on :class:`~legion.sim2real.deploy.mujoco_robot.MuJoCoRobot`.
 
 Per engine and command: velocity tracking error (mean over the steps before any fall of
 |v_xy,cmd - v_xy| [m/s] and |yaw rate_cmd - yaw rate| [rad/s], base frame), whether the robot
@@ -86,7 +86,7 @@ def run_newton(env, policy, commands: np.ndarray, steps: int, terms: dict) -> li
     """One env per command, the ONNX policy on the env's observations (batch = commands)."""
     import torch
 
-    from tasks.mdp.observations import base_ang_vel, base_lin_vel
+    from legion.tasks.mdp.observations import base_ang_vel, base_lin_vel
 
     n = len(commands)
     groups = policy.metadata["observation"]["groups"]
@@ -145,8 +145,8 @@ def run_mujoco(model_path: Path, onnx_path: Path, commands: np.ndarray, steps: i
                realtime: bool, options: dict) -> tuple[list[dict], dict, list[str]]:
     """One episode per command on the MuJoCo robot through the edge runtime's control loop;
     ``options``: MuJoCo solver options (see :class:`MuJoCoRobot`)."""
-    from sim2real.deploy import ControlLoop, PolicyRunner
-    from sim2real.deploy.mujoco_robot import MuJoCoRobot
+    from legion.sim2real.deploy import ControlLoop, PolicyRunner
+    from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
 
     runner = PolicyRunner(onnx_path)
     robot = MuJoCoRobot(model_path, runner.metadata, floor_friction=task.get("ground_friction", 1.0),
@@ -205,13 +205,13 @@ def main(args: list[str]) -> None:
     from omegaconf import OmegaConf
 
     from legion.cli import RunError, load_run, parse_run_args
-    from sim2real.export import ExportError, export_run
+    from legion.sim2real.export import ExportError, export_run
 
     run, options, overrides = parse_run_args(args, "sim2sim", HELP, {
         "checkpoint": None, "onnx": None, "duration_s": "10", "commands": json.dumps(DEFAULT_COMMANDS),
         "realtime": "false", "json": None, "physics": "mjcf"})
-    from agents.runner import CheckpointError
-    from sim2real.deploy import OnnxPolicy, PolicyLoadError
+    from legion.agents.runner import CheckpointError
+    from legion.sim2real.deploy import OnnxPolicy, PolicyLoadError
 
     if options["physics"] not in ("mjcf", "matched"):
         sys.exit(f"legion sim2sim: physics={options['physics']}: choose physics=mjcf or physics=matched.")
@@ -249,7 +249,7 @@ def main(args: list[str]) -> None:
           f"({steps} control steps of {env.step_dt:g} s), MuJoCo physics={options['physics']}", flush=True)
 
     newton = run_newton(env, policy, commands, steps, terms)
-    from tasks.sim import resolve_asset
+    from legion.tasks.sim import resolve_asset
 
     mujoco_options = physics_options(options["physics"], OmegaConf.to_container(cfg.sim, resolve=True))
     mujoco_rows, loop, skipped = run_mujoco(resolve_asset(task["robot"]), onnx_path, commands, steps, task, terms,

@@ -1,4 +1,4 @@
-"""The batched env: rsl-rl's VecEnv over a :class:`tasks.sim.NewtonSim`, composed from terms.
+"""The batched env: rsl-rl's VecEnv over a :class:`legion.tasks.sim.NewtonSim`, composed from terms.
 
 One control step is: apply the action, run ``decimation`` physics substeps (one Warp graph),
 advance commands and contact timers, evaluate terminations and rewards, reset the finished
@@ -7,7 +7,7 @@ Everything is a batched tensor operation over all environments; nothing loops ov
 environments in Python.
 
 The task config (``configs/task/*.yaml``, key ``task``) names the terms; see
-:mod:`tasks.mdp` for the term signatures and :mod:`tasks.mdp.events` for the event terms
+:mod:`legion.tasks.mdp` for the term signatures and :mod:`legion.tasks.mdp.events` for the event terms
 (episode starts and domain randomization, ``task.events``).
 """
 
@@ -21,8 +21,8 @@ import torch
 from rsl_rl.env import VecEnv
 from tensordict import TensorDict
 
-from tasks import mdp
-from tasks.sim import NewtonSim
+from legion.tasks import mdp
+from legion.tasks.sim import NewtonSim
 
 
 @dataclass

@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from agents.runner import CheckpointError, Runner, latest_checkpoint, load_checkpoint
+from legion.agents.runner import CheckpointError, Runner, latest_checkpoint, load_checkpoint
 from conftest import compose, make_env
 
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from agents.async_runner import AsyncRunner
-from agents.ppo import (RolloutBuffer, act_without_values, build_behaviour_ppo, build_ppo,
+from legion.agents.async_runner import AsyncRunner
+from legion.agents.ppo import (RolloutBuffer, act_without_values, build_behaviour_ppo, build_ppo,
                         compute_returns_off_policy, vtrace)
-from agents.runner import latest_checkpoint, load_checkpoint, make_runner
+from legion.agents.runner import latest_checkpoint, load_checkpoint, make_runner
 from conftest import ROOT, compose, make_env
 
 SMALL = ("task=cartpole", "sim.num_envs=32", "agent.num_steps_per_env=8")

@@ -86,7 +86,7 @@ def test_a_standing_quadruped_earns_more_than_a_fallen_one():
 
 
 def test_tracking_reward_is_higher_at_the_commanded_velocity(quadruped_env):
-    from tasks.mdp import rewards
+    from legion.tasks.mdp import rewards
 
     env = quadruped_env
     env.command.value[:] = torch.tensor([0.8, 0.0, 0.5])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import compose, make_env
-from tasks.sim import NewtonSim
+from legion.tasks.sim import NewtonSim
 
 QUAD = "task=quadruped_flat"
 ZERO = torch.zeros(2, 12)
@@ -233,7 +233,7 @@ def test_bad_event_config_is_named(override, message):
 
 
 def test_legion_randomization_prints_ranges_and_what_the_envs_hold(capsys):
-    from tasks.randomization import main
+    from legion.tasks.randomization import main
 
     main([QUAD, "sim.num_envs=6", "task.events.stiffness.enabled=true"])
     out = capsys.readouterr().out

@@ -6,7 +6,7 @@ import pytest
 import torch
 import warp as wp
 
-from tasks.sim import NewtonSim
+from legion.tasks.sim import NewtonSim
 
 QUAD = dict(robot="quadruped.xml", dt=0.005, decimation=4)
 STAND_POSE = torch.tensor([0.1, 0.8, -1.5, -0.1, 0.8, -1.5, 0.1, 1.0, -1.5, -0.1, 1.0, -1.5])

@@ -30,9 +30,9 @@ def trained(tmp_path_factory):
     observation normalizer, its exported folder, and the live env and runner."""
     from omegaconf import OmegaConf
 
-    from agents.runner import Runner
+    from legion.agents.runner import Runner
     from legion.cli import _container, make_env
-    from sim2real.export import export_run
+    from legion.sim2real.export import export_run
 
     run = tmp_path_factory.mktemp("run")
     cfg = compose("task=quadruped_flat", "sim.num_envs=4")
@@ -57,7 +57,7 @@ def trained(tmp_path_factory):
 
 def robot_state(env, i: int) -> dict:
     """What a robot's sensors and estimator report for world ``i``: velocities in the base frame."""
-    from tasks.mdp.math import quat_rotate_inverse
+    from legion.tasks.mdp.math import quat_rotate_inverse
 
     sim = env.sim
     quat = sim.root_quat[i:i + 1]
@@ -89,7 +89,7 @@ def test_export_verifies_fp32_and_fp16(trained):
 
 
 def test_onnx_matches_torch_on_env_observations(trained):
-    from sim2real.deploy import OnnxPolicy
+    from legion.sim2real.deploy import OnnxPolicy
 
     env, actor = trained["env"], trained["runner"].ppo.get_policy()
     with torch.inference_mode():
@@ -105,7 +105,7 @@ def test_onnx_matches_torch_on_env_observations(trained):
 
 
 def test_metadata_round_trip(trained):
-    from sim2real.deploy import PolicyRunner
+    from legion.sim2real.deploy import PolicyRunner
 
     env, cfg, out = trained["env"], trained["cfg"], trained["out"]
     sidecar = json.loads((out / "policy.json").read_text())
@@ -140,8 +140,8 @@ def test_metadata_round_trip(trained):
 
 # --- the edge runtime against the env -------------------------------------------------------------
 def test_numpy_rotation_matches_training_math():
-    from sim2real.deploy import quat_rotate_inverse
-    from tasks.mdp.math import quat_rotate_inverse as torch_rotate
+    from legion.sim2real.deploy import quat_rotate_inverse
+    from legion.tasks.mdp.math import quat_rotate_inverse as torch_rotate
 
     q = torch.nn.functional.normalize(torch.randn(64, 4), dim=-1)
     v = torch.randn(64, 3)
@@ -153,7 +153,7 @@ def test_numpy_rotation_matches_training_math():
 
 def test_runtime_observation_and_targets_match_env(trained):
     """Lock-step with world 0: same observation (noise off), same action, same joint targets."""
-    from sim2real.deploy import PolicyRunner
+    from legion.sim2real.deploy import PolicyRunner
 
     env, actor = trained["env"], trained["runner"].ppo.get_policy()
     runtime = PolicyRunner(trained["out"] / "policy.onnx")
@@ -176,7 +176,7 @@ def test_runtime_observation_and_targets_match_env(trained):
 
 
 def test_runtime_names_missing_state_keys(trained):
-    from sim2real.deploy import PolicyRunner
+    from legion.sim2real.deploy import PolicyRunner
 
     runtime = PolicyRunner(trained["out"] / "policy.onnx")
     state = robot_state(trained["env"], 0)
@@ -189,8 +189,8 @@ def test_recurrent_policies_export_with_hidden_state(trained, tmp_path):
     """rsl-rl's RNNModel (LSTM and GRU): explicit h/c inputs and outputs, carried by the runtime."""
     from rsl_rl.models import RNNModel
 
-    from sim2real.deploy import OnnxPolicy
-    from sim2real.export import build_metadata, export_policy, sample_observations
+    from legion.sim2real.deploy import OnnxPolicy
+    from legion.sim2real.export import build_metadata, export_policy, sample_observations
 
     env = trained["env"]
     for rnn_type in ("lstm", "gru"):
@@ -220,7 +220,7 @@ def test_recurrent_policies_export_with_hidden_state(trained, tmp_path):
 def test_export_fails_on_a_broken_policy(trained, tmp_path):
     import copy
 
-    from sim2real.export import ExportError, build_metadata, export_policy
+    from legion.sim2real.export import ExportError, build_metadata, export_policy
 
     env, runner = trained["env"], trained["runner"]
     actor = copy.deepcopy(runner.ppo.get_policy())
@@ -234,7 +234,7 @@ def test_export_fails_on_a_broken_policy(trained, tmp_path):
 
 # --- damaged files --------------------------------------------------------------------------------
 def test_truncated_or_tampered_files_are_refused(trained, tmp_path):
-    from sim2real.deploy import PolicyLoadError, PolicyRunner
+    from legion.sim2real.deploy import PolicyLoadError, PolicyRunner
 
     data = (trained["out"] / "policy.onnx").read_bytes()
     bare = tmp_path / "bare"
@@ -290,8 +290,8 @@ class FlakySensors:
 
 @pytest.fixture
 def mujoco_loop(trained):
-    from sim2real.deploy import ControlLoop, PolicyRunner, SafetyConfig
-    from sim2real.deploy.mujoco_robot import MuJoCoRobot
+    from legion.sim2real.deploy import ControlLoop, PolicyRunner, SafetyConfig
+    from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
 
     runner = PolicyRunner(trained["out"] / "policy.onnx")
     robot = MuJoCoRobot(ROOT / "tasks" / "assets" / "quadruped.xml", runner.metadata)
@@ -335,9 +335,9 @@ def test_nan_guard_stops_and_damps(mujoco_loop):
 def test_nan_policy_output_stops(trained, tmp_path):
     import copy
 
-    from sim2real.deploy import ControlLoop, PolicyRunner
-    from sim2real.deploy.mujoco_robot import MuJoCoRobot
-    from sim2real.export import to_onnx
+    from legion.sim2real.deploy import ControlLoop, PolicyRunner
+    from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
+    from legion.sim2real.export import to_onnx
 
     actor = copy.deepcopy(trained["runner"].ppo.get_policy())
     with torch.no_grad():
@@ -377,7 +377,7 @@ def test_clamps_and_realtime_deadlines(mujoco_loop):
 
 # --- a robot computer: numpy + onnxruntime only ----------------------------------------------------
 def test_deploy_only_venv_runs_the_runtime(trained, tmp_path):
-    from sim2real.deploy import PolicyRunner
+    from legion.sim2real.deploy import PolicyRunner
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
@@ -391,7 +391,7 @@ def test_deploy_only_venv_runs_the_runtime(trained, tmp_path):
     script = textwrap.dedent(f"""
         import json, sys
         import numpy as np
-        from sim2real.deploy import ControlLoop, PolicyRunner
+        from legion.sim2real.deploy import ControlLoop, PolicyRunner
         for name in ("torch", "warp", "mujoco"):
             try:
                 __import__(name)
@@ -401,13 +401,15 @@ def test_deploy_only_venv_runs_the_runtime(trained, tmp_path):
         state = {{k: np.asarray(v, np.float32) for k, v in json.load(open({str(tmp_path / "state.json")!r})).items()}}
         runner = PolicyRunner({str(trained["out"] / "policy.onnx")!r})
         targets = [runner.act(state, [0.5, 0.0, 0.2]).tolist() for _ in range(2)]
-        print(json.dumps({{"targets": targets, "modules": sorted(m.split(".")[0] for m in sys.modules)}}))
+        print(json.dumps({{"targets": targets, "modules": sorted(sys.modules)}}))
     """)
     result = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=120,
                             cwd=tmp_path, env={"PATH": os.environ["PATH"]})
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout)
-    assert not {"torch", "warp", "mujoco", "tasks", "agents", "legion"} & set(out["modules"])
+    top_level = {m.split(".")[0] for m in out["modules"]}
+    assert not {"torch", "warp", "mujoco", "tasks", "agents"} & top_level
+    assert not [m for m in out["modules"] if m.startswith(("legion.tasks", "legion.agents", "legion.cli", "legion.runs"))]
     runner = PolicyRunner(trained["out"] / "policy.onnx")
     expected = [runner.act({k: np.asarray(v, np.float32) for k, v in state.items()}, [0.5, 0.0, 0.2]) for _ in range(2)]
     assert np.abs(np.array(out["targets"]) - np.array(expected)).max() <= 1e-6

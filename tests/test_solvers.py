@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tasks.sim import NewtonSim
+from legion.tasks.sim import NewtonSim
 
 
 def test_xpbd_and_mujoco_agree_on_a_falling_pole():

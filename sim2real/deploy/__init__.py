@@ -1,17 +1,17 @@
 """The edge runtime: runs an exported legion policy on a robot computer.
 
 Imports numpy and onnxruntime only (no torch, no warp, no training code), so it installs on a
-Jetson next to the robot's drivers. The MuJoCo robot (``sim2real.deploy.mujoco_robot``) also
+Jetson next to the robot's drivers. The MuJoCo robot (``legion.sim2real.deploy.mujoco_robot``) also
 needs ``mujoco`` and is imported only when used.
 
-    from sim2real.deploy import ControlLoop, PolicyRunner
+    from legion.sim2real.deploy import ControlLoop, PolicyRunner
     runner = PolicyRunner("exported/policy.onnx")
     loop = ControlLoop(my_robot, runner)          # my_robot implements RobotInterface
     print(loop.run(steps=500, command=[0.5, 0.0, 0.0]))
 """
 
-from sim2real.deploy.loop import ControlLoop, LoopStats, RobotInterface, SafetyConfig
-from sim2real.deploy.policy import OnnxPolicy, PolicyLoadError, PolicyRunner, quat_rotate_inverse
+from legion.sim2real.deploy.loop import ControlLoop, LoopStats, RobotInterface, SafetyConfig
+from legion.sim2real.deploy.policy import OnnxPolicy, PolicyLoadError, PolicyRunner, quat_rotate_inverse
 
 __all__ = ["ControlLoop", "LoopStats", "OnnxPolicy", "PolicyLoadError", "PolicyRunner", "RobotInterface",
            "SafetyConfig", "quat_rotate_inverse"]

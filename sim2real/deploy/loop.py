@@ -30,7 +30,7 @@ POLICY, HOLD, STOP = "policy", "hold", "stop"
 class RobotInterface(Protocol):
     """What the loop needs from a robot. Implement it for your hardware (see MuJoCoRobot).
 
-    ``read_state()`` returns the dict described in :mod:`sim2real.deploy.policy`, with
+    ``read_state()`` returns the dict described in :mod:`legion.sim2real.deploy.policy`, with
     ``timestamp`` [s] on the clock given to :class:`ControlLoop` (``now``). ``write_targets``
     takes joint position targets (J,) [rad] in the policy's joint order. Optionally, ``damp()``
     switches the joints to pure damping (used once the loop stops).
@@ -75,7 +75,7 @@ class ControlLoop:
 
     Args:
         robot: a :class:`RobotInterface`.
-        runner: a :class:`~sim2real.deploy.policy.PolicyRunner` (its metadata gives dt and joint limits).
+        runner: a :class:`~legion.sim2real.deploy.policy.PolicyRunner` (its metadata gives dt and joint limits).
         safety: watchdog and clamp settings.
         now: the clock of the state timestamps [s]; ``time.monotonic`` for hardware, the
             simulator's time for a simulated robot.

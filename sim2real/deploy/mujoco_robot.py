@@ -1,4 +1,4 @@
-"""A :class:`~sim2real.deploy.loop.RobotInterface` on the plain ``mujoco`` C engine: one robot, on a floor.
+"""A :class:`~legion.sim2real.deploy.loop.RobotInterface` on the plain ``mujoco`` C engine: one robot, on a floor.
 
 Needs ``pip install mujoco`` besides the deploy extra. It loads the robot's own MJCF (the file
 Newton trained on) and adds a floor plane, then mirrors the training setup from the policy

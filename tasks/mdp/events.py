@@ -40,7 +40,7 @@ import warnings
 
 import torch
 
-from tasks.mdp.math import quat_from_yaw, quat_mul
+from legion.tasks.mdp.math import quat_from_yaw, quat_mul
 
 MODES = ("startup", "reset", "interval")
 DISTRIBUTIONS = ("uniform", "log_uniform", "gaussian")
@@ -172,7 +172,7 @@ class EventTerm:
 
 
 class Events:
-    """The task's event terms (``task.events``), applied by :class:`tasks.env.LegionEnv`.
+    """The task's event terms (``task.events``), applied by :class:`legion.tasks.env.LegionEnv`.
 
     Built before the simulation (it needs only ``env.num_envs``, ``device`` and ``generator``),
     so a bad config fails at once, naming the term.
@@ -337,7 +337,7 @@ def _floating(env, name: str):
 @event(domain=(0.01, math.inf))
 def friction(env, env_ids, draw, bodies: str = ".*"):
     """Friction coefficient U(range) of every shape of the selected bodies, one value per env.
-    The robot's own value is the one in effect against the ground (see :mod:`tasks.sim`)."""
+    The robot's own value is the one in effect against the ground (see :mod:`legion.tasks.sim`)."""
     shapes = _shapes(env, bodies)
     env.sim.shape_friction[env_ids[:, None], shapes] = draw(1)
     env.sim.params_changed("shape_friction")

@@ -2,7 +2,7 @@
 
 import torch
 
-from tasks.mdp.math import quat_rotate_inverse
+from legion.tasks.mdp.math import quat_rotate_inverse
 
 
 def joint_pos_rel(env) -> torch.Tensor:

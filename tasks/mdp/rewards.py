@@ -2,7 +2,7 @@
 
 import torch
 
-from tasks.mdp.observations import base_ang_vel, base_lin_vel, projected_gravity
+from legion.tasks.mdp.observations import base_ang_vel, base_lin_vel, projected_gravity
 
 
 def is_alive(env) -> torch.Tensor:

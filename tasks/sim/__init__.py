@@ -180,7 +180,7 @@ class NewtonSim:
         sense_contacts: bool = True,
         use_graph: bool = True,
     ):
-        import newton  # imported here so that `import tasks.sim` stays cheap
+        import newton  # imported here so that `import legion.tasks.sim` stays cheap
 
         if solver not in SOLVERS:
             raise ValueError(f"Unknown solver '{solver}'; choose one of {SOLVERS} (configs/sim/).")

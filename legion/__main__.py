@@ -1,0 +1,5 @@
+"""`python -m legion ...` is the `legion` command (and `torchrun -m legion train ...` works)."""
+
+from legion.cli import main
+
+main()
