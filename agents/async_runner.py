@@ -1,7 +1,7 @@
 """Asynchronous PPO: the actor collects rollout k+1 while the learner updates on rollout k.
 
     main thread     starts both workers, books telemetry, writes snapshots, re-raises errors,
-                    handles Ctrl-C
+                    stops both on Ctrl-C or SIGTERM (legion.agents.runner.StopRequests)
     actor thread    steps the env with a copy of the policy into rollout buffer k % (L + 1)
     learner thread  takes finished rollouts in order, corrects for their lag, runs rsl-rl's
                     PPO update, publishes the new policy version
@@ -16,7 +16,8 @@ lag is often below L.
 
 Lag 0 is sync PPO run by two threads: the actor starts rollout k only after update k - 1, acts
 with rsl-rl's ``PPO.act`` (values included) and the learner uses rsl-rl's GAE; same seed, same
-weights, bit for bit. Lag >= 1: the actor skips the critic and the learner re-evaluates the
+weights, bit for bit. Lag >= 1: the actor has no critic (:class:`legion.agents.ppo.NoCritic`)
+and the learner re-evaluates the
 rollout with its current networks, V-trace targets and the decoupled PPO objective
 (:func:`legion.agents.ppo.compute_returns_off_policy`).
 Which version acts at which step then depends on timing, so lag >= 1 runs are not
@@ -47,9 +48,10 @@ from dataclasses import dataclass
 
 import torch
 
-from legion.agents.ppo import (RolloutBuffer, Stopped, act_without_values, build_behaviour_ppo, clone_tree,
-                        compute_returns_off_policy, load_policy_state, load_weights, policy_state)
+from legion.agents.ppo import (RolloutBuffer, Stopped, build_behaviour_ppo, clone_tree, compute_returns_off_policy,
+                               load_policy_state, load_weights, policy_state)
 from legion.agents.runner import Runner
+from legion.configs.schema import Agent
 
 # Warn when the actor waited for the learner more than this share of an iteration ...
 BEHIND_FRACTION = 0.1
@@ -120,24 +122,22 @@ class Published:
 
 
 class AsyncRunner(Runner):
-    """Asynchronous actor-learner PPO on one device. Same arguments, checkpoints and
-    telemetry as :class:`legion.agents.runner.Runner`, plus the ``agent`` keys ``max_policy_lag``
-    and ``vtrace.rho_clip`` / ``vtrace.c_clip``."""
+    """Asynchronous actor-learner PPO on one device. Same arguments, checkpoints, stop handling
+    and telemetry as :class:`legion.agents.runner.Runner`, plus the ``agent`` keys
+    ``max_policy_lag`` and ``vtrace.rho_clip`` / ``vtrace.c_clip``."""
 
-    def __init__(self, env, agent_cfg: dict, log_dir=None, device: str = "cpu"):
-        super().__init__(env, agent_cfg, log_dir, device)
-        self.max_lag = int(agent_cfg.get("max_policy_lag", 1))
+    def __init__(self, env, cfg: Agent, log_dir=None, device: str = "cpu"):
+        super().__init__(env, cfg, log_dir, device)
+        self.max_lag = cfg.max_policy_lag
         if self.max_lag < 0:
             raise ValueError(f"agent.max_policy_lag must be >= 0, got {self.max_lag}")
-        vtrace = agent_cfg.get("vtrace") or {}
-        self.rho_clip, self.c_clip = float(vtrace.get("rho_clip", 1.0)), float(vtrace.get("c_clip", 1.0))
+        self.rho_clip, self.c_clip = cfg.vtrace.rho_clip, cfg.vtrace.c_clip
         self._device = torch.device(device)
         self._cuda = self._device.type == "cuda"
-        self._stop = threading.Event()
-        self.buffers = [RolloutBuffer(env, agent_cfg["num_steps_per_env"], device, self._stop)
-                        for _ in range(self.max_lag + 1)]
-        self.ppo.storage = self.buffers[0]
-        self.behaviour = build_behaviour_ppo(env, agent_cfg, device)  # the actor's copy of the policy
+        self.buffers = [self.ppo.storage] + [RolloutBuffer(env, cfg.num_steps_per_env, device, self._stop)
+                                             for _ in range(self.max_lag)]
+        # The actor's copy of the policy; at lag >= 1 without a critic (the learner re-evaluates).
+        self.behaviour = build_behaviour_ppo(env, cfg, device, critic=self.max_lag == 0)
         self._cond = threading.Condition()  # guards _published; wakes an actor waiting for a version
         self._published: Published | None = None
         self._running = False
@@ -147,16 +147,17 @@ class AsyncRunner(Runner):
     def learn(self, max_iterations: int | None = None) -> None:
         """Trains until ``max_iterations`` iterations are complete (``None``: until stopped).
 
-        Returns when the learner is done; re-raises the first error of either worker with
-        its own traceback; on Ctrl-C stops both and writes a snapshot of the last version.
+        Returns when the learner is done; re-raises the first error of either worker with its
+        own traceback; on Ctrl-C or SIGTERM stops both within an env step or a mini-batch, writes
+        a snapshot of the last published version and raises
+        :class:`~legion.agents.runner.Interrupted`.
         """
-        self._open_writer()
+        self._begin(max_iterations)
         self.ppo.train_mode()
         self.behaviour.train_mode()
         for buffer in self.buffers:  # a previous learn() may have stopped mid-rollout
             buffer.clear()
         self.behaviour.transition.clear()
-        self._stop.clear()
         self._error = None
         self._ready: queue.Queue = queue.Queue(maxsize=len(self.buffers))  # finished rollouts, in order
         self._reports: queue.Queue = queue.Queue()  # learner -> main: one small dict per iteration
@@ -164,44 +165,44 @@ class AsyncRunner(Runner):
         self._rollouts_started = self.iteration
         self._actor_env_state = self._env_state()
         self._publish()
-        start_iteration, start_time, behind = self.iteration, time.time(), 0
+        start_iteration, behind = self.iteration, 0
         workers = [
             threading.Thread(target=self._guarded, args=(self._actor_loop,), name="legion-actor", daemon=True),
             threading.Thread(target=self._guarded, args=(self._learner_loop, max_iterations),
                              name="legion-learner", daemon=True),
         ]
         self._running = True
-        try:
-            for worker in workers:
-                worker.start()
-            while True:
-                learner_alive = workers[1].is_alive()
-                try:
-                    report = self._reports.get(timeout=0.05)
-                except queue.Empty:
-                    report = None
-                if self._error is not None:
-                    raise self._error
-                if report is None:
-                    if not learner_alive:
-                        break  # done: every report is booked
-                    continue
-                self._record(report, start_iteration, start_time, max_iterations)
-                behind = behind + 1 if report["actor_wait_s"] > BEHIND_FRACTION * report["wall_s"] else 0
-                if behind == BEHIND_ITERATIONS and self.max_lag > 0:
-                    print(f"[legion] warning: the learner is behind: the actor waited for a policy update in each of "
-                          f"the last {behind} iterations ({report['actor_wait_s']:.2f}s of {report['wall_s']:.2f}s; "
-                          f"update {report['learn_s']:.2f}s vs rollout {report['collect_s']:.2f}s), so the envs idle. Fewer "
-                          "agent.algorithm.num_learning_epochs or num_mini_batches shorten the update.", flush=True)
-                if self.log_dir is not None and self._save_due(report["iteration"]):
-                    self.save()  # from the published copy: neither worker pauses
-        finally:
-            self._stop_workers(workers)
-            self._running = False
-            if self.log_dir is not None and self.iteration > start_iteration:
-                self.save()
-            if self.writer is not None:
-                self.writer.flush()
+        with self.stop_requests as requests:
+            try:
+                for worker in workers:
+                    worker.start()
+                while True:
+                    learner_alive = workers[1].is_alive()
+                    try:
+                        report = self._reports.get(timeout=0.05)
+                    except queue.Empty:
+                        report = None
+                    requests.raise_if_requested()
+                    if self._error is not None:
+                        raise self._error
+                    if report is None:
+                        if not learner_alive:
+                            break  # done: every report is booked
+                        continue
+                    self.log.record(report)
+                    behind = behind + 1 if report["perf"]["actor_wait_s"] > BEHIND_FRACTION * report["wall_s"] else 0
+                    if behind == BEHIND_ITERATIONS and self.max_lag > 0:
+                        print(f"[legion] warning: the learner is behind: the actor waited for a policy update in each "
+                              f"of the last {behind} iterations ({report['perf']['actor_wait_s']:.2f}s of "
+                              f"{report['wall_s']:.2f}s; update {report['learn_s']:.2f}s vs rollout "
+                              f"{report['collect_s']:.2f}s), so the envs idle. Fewer agent.algorithm.num_learning_epochs "
+                              "or num_mini_batches shorten the update.", flush=True)
+                    if self.log_dir is not None and self._save_due(report["iteration"]):
+                        self.save()  # from the published copy: neither worker pauses
+            finally:
+                self._stop_workers(workers)
+                self._running = False
+                self._end(start_iteration)
 
     def _guarded(self, loop, *args) -> None:
         """Runs a worker; its first error stops both workers and is re-raised by the main thread."""
@@ -233,7 +234,7 @@ class AsyncRunner(Runner):
         published = self._published
         if published.ready is not None:
             published.ready.synchronize()
-        return self._checkpoint(published.state, published.version, published.torch_rng, self._actor_env_state)
+        return self._checkpoint(published.state, published.version, self._actor_env_state, published.torch_rng)
 
     # --- learner thread -------------------------------------------------------------------
     def _publish(self) -> None:
@@ -283,14 +284,18 @@ class AsyncRunner(Runner):
                 clocks = (now, self._actor_clock.read(now), self._learner_clock.read(now))
                 wall, actor_wait, learner_wait = (new - old for old, new in zip(last, clocks))
                 last = clocks
+                lag_mean, lag_max = statistics.fmean(lags), max(lags)
+                # Share of the wall time in which both were working (at every moment one of them is).
+                overlap = max(0.0, 1.0 - (actor_wait + learner_wait) / wall)
                 self._reports.put({
                     **info, "iteration": self.iteration, "losses": losses, "learning_rate": ppo.learning_rate,
                     "action_std": action_std, "learn_s": now - t0, "wall_s": wall,
-                    "lag_mean": statistics.fmean(lags), "lag_max": max(lags),
-                    "actor_wait_s": actor_wait, "learner_wait_s": learner_wait,
-                    # Share of the wall time in which both were working (at every moment one of them is).
-                    "overlap_fraction": max(0.0, 1.0 - (actor_wait + learner_wait) / wall),
-                    "rollouts_ahead": self._rollouts_started - self.iteration,
+                    "perf": {"actor_wait_s": actor_wait, "learner_wait_s": learner_wait, "overlap_fraction": overlap,
+                             "rollouts_ahead": self._rollouts_started - self.iteration},
+                    "policy": {"lag_mean": lag_mean, "lag_max": lag_max},
+                    "progress": (f"learner {self.log.samples / (now - t0):,.0f} samples/s | lag {lag_mean:.2f} "
+                                 f"(max {lag_max}) | wait actor {actor_wait:.2f}s learner {learner_wait:.2f}s | "
+                                 f"overlap {overlap:.0%} | latency {info['latency_mean_ms']:.1f} ms"),
                 })
 
     def _next_rollout(self):
@@ -320,7 +325,7 @@ class AsyncRunner(Runner):
 
     def _actor_loop(self) -> None:
         env, behaviour, stats = self.env, self.behaviour, self.stats
-        num_steps = self.cfg["num_steps_per_env"]
+        num_steps = self.cfg.num_steps_per_env
         context = torch.cuda.device(self.device) if self._cuda else contextlib.nullcontext()
         stats.last_action_time = None
         version = -1
@@ -345,7 +350,7 @@ class AsyncRunner(Runner):
                     if self._published.version != version:
                         version = self._swap_in(self._published)
                     stats.action()
-                    actions = behaviour.act(obs) if self.max_lag == 0 else act_without_values(behaviour, obs)
+                    actions = behaviour.act(obs)
                     obs, rewards, dones, extras = env.step(actions)
                     behaviour.process_env_step(obs, rewards, dones, extras)
                     rollout.time_outs[step].copy_(extras["time_outs"].view(-1, 1))

@@ -12,6 +12,7 @@ V-trace targets and the decoupled PPO objective for rollouts collected by an old
 from __future__ import annotations
 
 import threading
+from dataclasses import asdict
 
 import torch
 from rsl_rl.algorithms import PPO
@@ -20,44 +21,63 @@ from rsl_rl.models import MLPModel
 from rsl_rl.storage import RolloutStorage
 from tensordict import TensorDict
 
+from legion.configs.schema import Agent
+
 
 def obs_groups_for(obs) -> dict[str, list[str]]:
     """The actor sees the ``policy`` group; the critic ``critic`` if the task has one."""
     return {"actor": ["policy"], "critic": ["critic"] if "critic" in obs.keys() else ["policy"]}
 
 
-def _build_models(obs: TensorDict, num_actions: int, agent_cfg: dict) -> tuple[MLPModel, MLPModel]:
+def _build_models(obs: TensorDict, num_actions: int, cfg: Agent, critic: bool = True):
     """MLP actor (Gaussian) and critic, sized from the observations."""
     groups = obs_groups_for(obs)
-    actor_cfg, critic_cfg = dict(agent_cfg["actor"]), dict(agent_cfg["critic"])
-    init_std = actor_cfg.pop("init_noise_std", 1.0)
-    actor = MLPModel(
-        obs, groups, "actor", num_actions,
-        distribution_cfg={"class_name": "GaussianDistribution", "init_std": init_std},
-        **actor_cfg,
-    )
-    critic = MLPModel(obs, groups, "critic", 1, **critic_cfg)
-    return actor, critic
+    actor_cfg = asdict(cfg.actor)
+    init_std = actor_cfg.pop("init_noise_std")
+    actor = MLPModel(obs, groups, "actor", num_actions,
+                     distribution_cfg={"class_name": "GaussianDistribution", "init_std": init_std}, **actor_cfg)
+    return actor, MLPModel(obs, groups, "critic", 1, **asdict(cfg.critic)) if critic else NoCritic()
 
 
-def build_ppo(env: VecEnv, agent_cfg: dict, device: str, storage: RolloutStorage | None = None) -> PPO:
+def build_ppo(env: VecEnv, cfg: Agent, device: str, storage: RolloutStorage | None = None) -> PPO:
     """rsl-rl's PPO with MLP actor (Gaussian) and critic, sized from the env's observations."""
     obs = env.get_observations()
-    actor, critic = _build_models(obs, env.num_actions, agent_cfg)
+    actor, critic = _build_models(obs, env.num_actions, cfg)
     if storage is None:
-        storage = RolloutStorage("rl", env.num_envs, agent_cfg["num_steps_per_env"], obs, [env.num_actions], device)
-    return PPO(actor, critic, storage, device=device, **agent_cfg["algorithm"])
+        storage = RolloutStorage("rl", env.num_envs, cfg.num_steps_per_env, obs, [env.num_actions], device)
+    return PPO(actor, critic, storage, device=device, **asdict(cfg.algorithm))
 
 
-def build_behaviour_ppo(env: VecEnv, agent_cfg: dict, device: str) -> PPO:
+class NoCritic(torch.nn.Module):
+    """The critic of the asynchronous actor's policy when samples may lag (lag >= 1): values of
+    zero. The learner re-evaluates every state with its own, newer critic anyway (see
+    :func:`compute_returns_off_policy`), so the actor skips that forward pass, and rsl-rl's
+    ``PPO.process_env_step`` adds no time-out bootstrap (the learner adds it with its values)."""
+
+    is_recurrent = False
+
+    def forward(self, obs: TensorDict, **kwargs) -> torch.Tensor:
+        return torch.zeros(obs.batch_size[0], 1, device=obs.device)
+
+    def get_hidden_state(self):
+        return None
+
+    def reset(self, dones=None, hidden_state=None) -> None:
+        pass
+
+    def update_normalization(self, obs) -> None:
+        pass
+
+
+def build_behaviour_ppo(env: VecEnv, cfg: Agent, device: str, critic: bool = True) -> PPO:
     """A second PPO for the actor thread: its own copies of the networks, loaded from the
     learner's published weights with :func:`load_weights`, so acting never reads a network
-    the learner is changing. Its optimizer is never stepped."""
+    the learner is changing. Its optimizer is never stepped. ``critic=False``: a :class:`NoCritic`."""
     # Fresh networks draw initial weights from the global RNG; fork it so a seeded run draws
     # the same numbers as sync mode (the weights are overwritten at the first swap anyway).
     with torch.random.fork_rng(devices=[]):
-        actor, critic = _build_models(env.get_observations(), env.num_actions, agent_cfg)
-    return PPO(actor, critic, storage=None, device=device, **agent_cfg["algorithm"])
+        actor, critic_model = _build_models(env.get_observations(), env.num_actions, cfg, critic)
+    return PPO(actor, critic_model, storage=None, device=device, **asdict(cfg.algorithm))
 
 
 def policy_state(ppo: PPO) -> dict:
@@ -88,21 +108,6 @@ def clone_tree(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(clone_tree(v) for v in obj)
     return obj
-
-
-def act_without_values(ppo: PPO, obs: TensorDict) -> torch.Tensor:
-    """rsl-rl's ``PPO.act`` minus the critic: an asynchronous learner re-evaluates every state
-    with its own, newer critic anyway (see :func:`compute_returns_off_policy`), so the actor
-    skips that forward pass. ``values`` is recorded as zeros (so ``process_env_step`` adds no
-    time-out bootstrap; the learner adds it with its values)."""
-    t = ppo.transition
-    t.hidden_states = (ppo.actor.get_hidden_state(), ppo.critic.get_hidden_state())
-    t.actions = ppo.actor(obs, stochastic_output=True).detach()
-    t.values = torch.zeros(obs.batch_size[0], 1, device=t.actions.device)
-    t.actions_log_prob = ppo.actor.get_output_log_prob(t.actions).detach()
-    t.distribution_params = tuple(p.detach() for p in ppo.actor.output_distribution_params)
-    t.observations = obs
-    return t.actions
 
 
 class Stopped(Exception):

@@ -23,15 +23,12 @@ import os
 import statistics
 import time
 
-from common import ROOT, compose, print_table, torch, write_json
-from omegaconf import OmegaConf
+from common import ROOT, compose, make_env, make_runner, print_table, torch, typed, write_json
 
 
 def train_once(env, task: str, num_envs: int, mode: str, seed: int, iterations: int, lag: int,
                initial_env_state) -> dict:
     """One training run on an existing env; returns its throughput, final reward and curve."""
-    from legion.agents.runner import make_runner
-
     cfg = compose(f"task={task}", f"sim.num_envs={num_envs}", f"seed={seed}", f"agent.mode={mode}",
                   f"agent.max_policy_lag={lag}", f"agent.log_interval={max(1, iterations // 5)}")
     env.generator.manual_seed(seed)
@@ -40,7 +37,7 @@ def train_once(env, task: str, num_envs: int, mode: str, seed: int, iterations: 
     with torch.inference_mode():  # training made the env's buffers inference tensors
         env.reset()
     torch.manual_seed(seed)
-    runner = make_runner(env, OmegaConf.to_container(cfg.agent, resolve=True), log_dir=None, device=cfg.device)
+    runner = make_runner(env, typed(cfg).agent, log_dir=None, device=cfg.device)
     load_before = os.getloadavg()[0]
     start, cpu_start = time.perf_counter(), time.process_time()
     runner.learn(iterations)
@@ -128,8 +125,6 @@ def main():
     args = parser.parse_args()
     if not len(args.tasks) == len(args.num_envs) == len(args.iterations):
         parser.error("give one --num-envs and one --iterations value per task")
-
-    from legion.cli import make_env
 
     runs = []
     for task, num_envs, iterations in zip(args.tasks, args.num_envs, args.iterations):

@@ -13,7 +13,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 import warp as wp  # noqa: E402
 
-from legion.cli import compose, setup_process  # noqa: E402, F401  (compose: for the benchmarks)
+from legion.runs import compose, make_env, make_runner, setup_process, typed  # noqa: E402, F401  (for the benchmarks)
 
 setup_process()  # quiet Warp, the kernel cache above
 

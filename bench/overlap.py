@@ -25,8 +25,7 @@ import statistics
 import threading
 import time
 
-from common import compose, print_table, torch, write_json
-from omegaconf import OmegaConf
+from common import compose, make_env, print_table, torch, typed, write_json
 
 
 def side(role: str, cfg, seconds: float, start, results) -> None:
@@ -41,15 +40,14 @@ def side(role: str, cfg, seconds: float, start, results) -> None:
 
 
 def _work(role: str, cfg, seconds: float, start) -> float:
-    from legion.agents.ppo import RolloutBuffer, act_without_values, build_behaviour_ppo, build_ppo, compute_returns_off_policy
-    from legion.cli import make_env
+    from legion.agents.ppo import RolloutBuffer, build_behaviour_ppo, build_ppo, compute_returns_off_policy
 
-    agent = OmegaConf.to_container(cfg.agent, resolve=True)
+    agent = typed(cfg).agent
     env = make_env(cfg)
-    steps, num_envs = agent["num_steps_per_env"], env.num_envs
+    steps, num_envs = agent.num_steps_per_env, env.num_envs
     storage = RolloutBuffer(env, steps, "cpu")
     if role == "actor":
-        ppo = build_behaviour_ppo(env, agent, "cpu")
+        ppo = build_behaviour_ppo(env, agent, "cpu", critic=False)
         ppo.storage = storage
     else:
         ppo = build_ppo(env, agent, "cpu", storage=storage)
@@ -59,7 +57,7 @@ def _work(role: str, cfg, seconds: float, start) -> float:
     def collect(obs):
         """One rollout, as the async actor collects it."""
         for _ in range(steps):
-            obs, rewards, dones, extras = env.step(act_without_values(ppo, obs))
+            obs, rewards, dones, extras = env.step(ppo.act(obs))
             ppo.process_env_step(obs, rewards, dones, extras)
         storage.last_obs.copy_(obs)
         return obs

@@ -66,19 +66,19 @@ def main():
         rows.append({"runtime": name, **timed(lambda: session.run(None, {"obs": x_np}), args.calls)})
 
     # The deploy path: a real export's metadata (joint order, obs layout of quadruped_flat).
-    from omegaconf import OmegaConf
+    from common import compose, make_env, typed
 
-    from common import compose
-    from legion.cli import make_env
+    from legion.agents.runner import Runner
+    from legion.runs import LoadedRun, save_config
     from legion.sim2real.export import build_metadata
 
     cfg = compose("task=quadruped_flat", "sim.num_envs=1")
-    with tempfile.TemporaryDirectory() as tmp:  # a stand-in run folder: config + a checkpoint stub
+    with tempfile.TemporaryDirectory() as tmp:  # a stand-in run folder: its config, the env and a runner
         run = Path(tmp)
-        OmegaConf.save(cfg, run / "config.yaml")
-        torch.save({"policy": {}, "iteration": 0}, run / "model_0.pt")
+        save_config(cfg, run / "config.yaml")
         env = make_env(cfg)
-        meta = build_metadata(env, cfg, run, run / "model_0.pt", actor)
+        loaded = LoadedRun(run, cfg, env, Runner(env, typed(cfg).agent), run / "model_0.pt")
+        meta = build_metadata(loaded, actor)
         import onnx
 
         onnx.save(with_metadata(fp32, meta), run / "policy.onnx")

@@ -24,12 +24,10 @@ turns, 10 steps at a time (so a busy machine slows them alike):
 import argparse
 import time
 
-from common import compose, print_table, torch, write_json
+from common import compose, make_env, print_table, torch, write_json
 
 
 def measure(num_envs: int, steps: int) -> dict:
-    from legion.cli import make_env
-
     env = make_env(compose("task=quadruped_flat", f"sim.num_envs={num_envs}"))
     actions = torch.randn(steps, num_envs, env.num_actions, generator=torch.Generator().manual_seed(0))
     for i in range(5):  # warm up
@@ -61,8 +59,6 @@ def measure(num_envs: int, steps: int) -> dict:
 
 
 def randomization_cost(num_envs: int, steps: int, chunk: int = 10) -> dict:
-    from legion.cli import make_env
-
     base = ("task=quadruped_flat", f"sim.num_envs={num_envs}")
     events = compose(*base).task.events
     physics = [n for n, e in events.items() if e.get("mode") == "startup"]

@@ -11,6 +11,8 @@ with numpy and onnxruntime only.
 
 from pathlib import Path as _Path
 
+__version__ = "0.2.0"  # the one place the version is written (pyproject.toml reads it)
+
 # Installed (pip install, editable or not), setuptools maps the folders into this package. A
 # checkout used without installing (PYTHONPATH=<checkout>, e.g. on a machine with no package
 # index) finds them beside this folder.

@@ -1,11 +1,14 @@
-"""`legion`: the one command line. Each subcommand takes Hydra-style `key=value` overrides.
+"""`legion`: the one command line. It parses arguments and calls the library (:mod:`legion.runs`,
+:mod:`legion.sim2real`); nothing imports this module.
 
-This is where a task (tasks/) is wired to a learner (agents/); neither knows the other.
+Every command takes Hydra's overrides (``key=value``, ``+key=value``, ``~key``) besides its own
+``option=value``s. Bad arguments fail before anything is built, with one line per problem and
+exit code 2.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import sys
 from pathlib import Path
 
@@ -14,7 +17,7 @@ USAGE = """usage: legion <command> [key=value ...]
 commands:
   train          train a policy          legion train task=quadruped_flat sim.num_envs=256
                  a Hydra multirun        legion train -m seed=0,1,2
-                 resume a run            legion train resume=runs/cartpole/<date>
+                 resume a run            legion train resume=runs/cartpole/<date> [checkpoint=FILE]
   play           run a trained policy    legion play run=runs/cartpole/<date> [episodes=5]
   randomization  what each env draws     legion randomization task=quadruped_flat
   export         export to ONNX          legion export run=runs/quadruped_flat/<date> [out=DIR]
@@ -23,280 +26,237 @@ commands:
 `legion <command> --help` explains a command. Tasks: {tasks}
 """
 
-PLAY_HELP = """usage: legion play run=<run folder> [episodes=N] [checkpoint=PATH] [key=value ...]
+RESUME_HELP = """usage: legion train resume=<run folder> [checkpoint=FILE] [key=value ...]
 
-Loads the run's saved config.yaml and its latest checkpoint (or `checkpoint=`), runs the policy
-deterministically with observation noise off, and prints the return and length of each
-finished episode. Any config key can be overridden, e.g. sim.num_envs=4 device=cpu.
+Continues a run in its own folder from its newest good checkpoint (a damaged newer one is
+skipped with a warning) or from checkpoint=FILE, with the run's saved config.yaml and any
+overrides on top (e.g. agent.max_iterations=null). Networks, normalizers, optimizer, learning
+rate, iteration, randomization ranges and random generators continue where they stopped.
 """
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"  # legion.configs
+PLAY_HELP = """usage: legion play run=<run folder> [episodes=N] [checkpoint=PATH] [key=value ...]
 
+Loads the run's saved config.yaml and its newest good checkpoint (or `checkpoint=`), runs the
+policy deterministically with observation noise off, and prints the return and length of each
+finished episode. Any config key can be overridden, e.g. sim.num_envs=4 device=cpu (default
+sim.num_envs: 16, or the run's if fewer).
+"""
 
-def task_names() -> list[str]:
-    return sorted(p.stem for p in (CONFIG_DIR / "task").glob("*.yaml"))
+RANDOMIZATION_HELP = """usage: legion randomization [task=NAME] [key=value ...]
 
+Builds a fresh env of the task (sim.num_envs defaults to 64 here) and prints each event term of
+task.events (mode, distribution, configured and current range, and the min / mean / max of
+the values drawn across the envs), then the per-env physical parameters that differ from the
+model (min / mean / max over envs). Overrides as for `legion train`, e.g.
+  legion randomization task=quadruped_flat sim.num_envs=256 task.events.stiffness.enabled=true
+"""
 
-def setup_process() -> None:
-    """Process-wide settings every command shares."""
-    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
-    import torch
-    import warp as wp
+EXPORT_HELP = """usage: legion export run=<run folder> [checkpoint=PATH] [out=DIR] [steps=N] [key=value ...]
 
-    if os.environ.get("OMP_NUM_THREADS") is None:
-        # One Warp CPU thread simulates; leave torch the rest (PLATFORM.md: oversubscribing 2
-        # cores made torch 10-50x slower).
-        torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
-    wp.config.quiet = True
-    wp.config.log_level = wp.LOG_WARNING  # no per-module load lines
-    if os.environ.get("WARP_CACHE_PATH"):
-        wp.config.kernel_cache_dir = os.environ["WARP_CACHE_PATH"]
-    wp.init()
+Exports the run's newest good checkpoint (or `checkpoint=`) to DIR (default <run>/exported/):
+policy.onnx (fp32, opset 17, dynamic batch, normalizer folded in), policy_fp16.onnx and
+policy.json (joint order, default pose, action scale/offset, PD gains, effort and joint limits,
+control dt, observation layout, command and randomization ranges, tracking terms, fall
+conditions, config hash, version).
 
+Every export is verified and the command fails if a check fails: onnx.checker; onnxruntime
+vs torch on observations from `steps` (default 50) policy steps in the task's env (max abs
+difference <= 1e-5 fp32, <= 1e-2 fp16); operators TensorRT's ONNX parser supports.
+Config keys can be overridden as in `legion play` (Hydra's grammar: key=value, +key=value, ~key).
+"""
 
-def compose(*overrides: str):
-    """The config `legion train <overrides>` would run, without starting a job."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+SIM2SIM_HELP = """usage: legion sim2sim run=<run folder> [duration_s=10] [commands=JSON] [realtime=false] [key=value ...]
 
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return hydra_compose("train", overrides=list(overrides))
+Exports the run's policy (as `legion export`, into <run>/exported/ unless onnx=PATH names an
+existing policy.onnx), then drives the robot with it in Newton and in plain MuJoCo (the edge
+runtime's control loop on the MuJoCo robot, loading the same robot MJCF plus a floor), one
+episode of duration_s per velocity command, and prints the metrics side by side: tracking
+error of (v_x, v_y) and yaw rate, falls, survival time, tracking return.
 
-
-def _container(node) -> dict:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(node, resolve=True)
-
-
-def make_env(cfg):
-    """The task's env from a composed config."""
-    from legion.tasks.env import LegionEnv
-
-    return LegionEnv(_container(cfg.task), _container(cfg.sim), device=cfg.device, seed=cfg.seed)
-
-
-def seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def train(cfg) -> None:
-    """Hydra job: build the env and the learner, then train, writing into the run folder.
-
-    With resume=<run folder> the run's saved config.yaml is the config, and this command's own
-    key=value overrides apply on top (e.g. agent.max_iterations=null): nothing to repeat.
-    """
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    from legion.agents.runner import CheckpointError, latest_checkpoint, make_runner
-
-    setup_process()
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    if cfg.resume:
-        saved_path = Path(cfg.resume) / "config.yaml"
-        if not saved_path.is_file():
-            sys.exit(f"legion train: {cfg.resume} is not a run folder (no config.yaml). Runs are under runs/<task>/.")
-        saved = OmegaConf.load(saved_path)
-        for override in OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task)):
-            key = override.key_or_group
-            if key in ("task", "agent", "sim"):  # a config group: the run's own choice stands
-                if key == "task" and override.value() != saved.task.name:
-                    sys.exit(f"legion train: {cfg.resume} trained task {saved.task.name}; "
-                             f"it cannot resume as {override.value()}.")
-            elif key != "resume" and not key.startswith("hydra.") and not override.is_delete():
-                # Hydra has already checked the key and typed the value in the composed config.
-                OmegaConf.update(saved, key, OmegaConf.select(cfg, key), force_add=True)
-        saved.resume = cfg.resume
-        cfg = saved
-    run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    mode = cfg.agent.get("mode", "sync")
-    print(f"[legion] task {cfg.task.name}, {cfg.sim.num_envs} envs on {cfg.device}, {mode} PPO; run folder {run_dir}",
-          flush=True)
-    seed_everything(cfg.seed)
-    print("[legion] building the simulation (the first run compiles Warp kernels: about a minute)", flush=True)
-    env = make_env(cfg)
-    runner = make_runner(env, _container(cfg.agent), log_dir=run_dir, device=cfg.device)
-    if cfg.resume:
-        checkpoint = latest_checkpoint(cfg.resume)
-        runner.load(checkpoint)
-        print(f"[legion] resumed from {checkpoint} at iteration {runner.iteration} "
-              f"(learning rate {runner.ppo.learning_rate:.3g})", flush=True)
-    try:
-        runner.learn(cfg.agent.max_iterations)
-    except KeyboardInterrupt:
-        try:
-            latest = f"latest checkpoint {latest_checkpoint(run_dir).name}"
-        except CheckpointError:
-            latest = "no checkpoint yet"
-        print(f"\n[legion] interrupted at iteration {runner.iteration}; {latest} in {run_dir} "
-              f"(continue: legion train resume={run_dir})", flush=True)
-
-
-class RunError(ValueError):
-    """A run folder, its config or an override for it is unusable; the message says how to fix it."""
-
-
-def parse_run_args(args: list[str], command: str, help_text: str, defaults: dict) -> tuple[Path, dict, list[str]]:
-    """Splits ``key=value`` args into (run folder, this command's own options, config overrides)."""
-    deletions = [a for a in args if a.startswith("~")]
-    pairs = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("~"))
-    bad = [a for a in args if "=" not in a and not a.startswith("~")]
-    if bad or "run" not in pairs:
-        sys.exit(f"legion {command}: expected run=<run folder> and key=value options, got {' '.join(args) or 'nothing'}"
-                 f"\n\n{help_text}")
-    run = Path(pairs.pop("run"))
-    if not (run / "config.yaml").is_file():
-        sys.exit(f"legion {command}: {run} is not a run folder (no config.yaml). Runs are under runs/<task>/.")
-    options = {key: pairs.pop(key, default) for key, default in defaults.items()}
-    return run, options, deletions + [f"{k}={v}" for k, v in pairs.items()]
-
-
-def load_run(run: Path, checkpoint: str | Path | None = None, overrides: list[str] = (), num_envs: int = 16):
-    """The run's env (observation noise off) and its trained policy.
-
-    Returns (cfg, env, runner, checkpoint path). ``overrides`` are ``key=value`` config
-    overrides; ``sim.num_envs`` defaults to ``min(num_envs, the run's)``.
-    """
-    from omegaconf import OmegaConf, open_dict
-
-    from legion.agents.runner import CheckpointError, Runner, latest_checkpoint
-
-    cfg = OmegaConf.load(run / "config.yaml")
-    OmegaConf.set_struct(cfg, True)
-    overrides = list(overrides)
-    if not any(o.startswith("sim.num_envs=") for o in overrides):
-        overrides.append(f"sim.num_envs={min(num_envs, cfg.sim.num_envs)}")
-    # As in Hydra: `key=value` must name an existing key (typos fail), `+key=value` adds one,
-    # `~key` deletes one (e.g. a section an older run's config has and the current code refuses).
-    try:
-        for override in (o for o in overrides if o.startswith("~")):
-            *parents, leaf = override[1:].split("=")[0].split(".")
-            node = OmegaConf.select(cfg, ".".join(parents)) if parents else cfg
-            if node is None or leaf not in node:
-                raise KeyError(f"{override}: no key {override[1:]} in the run's config")
-            with open_dict(node):
-                del node[leaf]
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o for o in overrides if o[0] not in "+~"]))
-        with open_dict(cfg):
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o[1:] for o in overrides if o.startswith("+")]))
-    except Exception as e:
-        raise RunError(f"bad override: {e}") from e
-    checkpoint = Path(checkpoint) if checkpoint else latest_checkpoint(run)
-    if not checkpoint.is_file():
-        raise CheckpointError(f"{checkpoint} does not exist. Checkpoints of this run: "
-                              f"{sorted(p.name for p in run.glob('model_*.pt')) or 'none'}")
-    setup_process()
-    seed_everything(cfg.seed)
-    try:
-        env = make_env(cfg)
-    except ValueError as e:
-        raise RunError(f"the run's config.yaml does not build an env with this code: {e}\nFix it on the "
-                       "command line: key=value changes a key, +key=value adds one, ~key removes one.") from e
-    env.noise_enabled = False
-    runner = Runner(env, _container(cfg.agent), log_dir=None, device=cfg.device)
-    runner.load(checkpoint)
-    return cfg, env, runner, checkpoint
-
-
-
-def play(args: list[str]) -> None:
-    import torch
-
-    from legion.agents.runner import CheckpointError
-
-    run, options, overrides = parse_run_args(args, "play", PLAY_HELP, {"checkpoint": None, "episodes": "5"})
-    try:
-        cfg, env, runner, checkpoint = load_run(run, options["checkpoint"], overrides)
-    except (RunError, CheckpointError) as e:
-        sys.exit(f"legion play: {e}")
-    episodes = int(options["episodes"])
-    policy = runner.ppo.get_policy()
-    policy.eval()
-    print(f"[legion] playing {checkpoint} on {env.num_envs} envs of {cfg.task.name}", flush=True)
-    obs = env.get_observations()
-    returns = torch.zeros(env.num_envs, device=env.device)
-    lengths = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
-    finished = 0
-    with torch.inference_mode():
-        while finished < episodes:
-            obs, rewards, dones, extras = env.step(policy(obs))
-            returns += rewards
-            lengths += 1
-            for i in dones.nonzero().squeeze(-1).tolist():
-                if finished < episodes:
-                    cause = "time out" if extras["time_outs"][i] else "terminated"
-                    print(f"episode {finished + 1}: return {returns[i].item():8.3f}  length {lengths[i].item():5d}"
-                          f"  ({cause})", flush=True)
-                finished += 1
-            returns[dones] = 0.0
-            lengths[dones] = 0
-
-
-def _hydra_train(args: list[str]) -> None:
-    import hydra
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.has_resolver("legion_run_dir"):
-        # Resuming writes into the resumed run's folder; a new run gets a fresh one.
-        OmegaConf.register_new_resolver("legion_run_dir", lambda resume, new: resume or new)
-    main = hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(train)
-    sys.argv = ["legion train", *args]
-    main()
-
-
-def _play(args: list[str]) -> None:
-    if any(a in ("-h", "--help") for a in args):
-        print(PLAY_HELP)
-        return
-    play(args)
-
+  commands=[[0.5,0,0],[1,0,0],[0,0.5,0],[0,0,1],[0,0,0]]   (v_x [m/s], v_y [m/s], yaw rate [rad/s])
+  physics=mjcf       MuJoCo as the robot file configures it (default: Euler, 100 solver iterations)
+  physics=matched    Newton SolverMuJoCo's setup of the training run (implicitfast, its iterations):
+                     then the two columns agree to ~1e-6 and check the export and the runtime end to end
+  realtime=true      pace the MuJoCo loop at the control rate (deadline stats then mean wall time)
+  json=PATH          also write the table as JSON
+"""
 
 # What `pip install "legion-rl[train]"` adds to the base (edge runtime) install.
 TRAINING_STACK = {"torch", "warp", "newton", "mujoco", "mujoco_warp", "rsl_rl", "hydra", "omegaconf", "tensordict",
                   "tensorboard", "onnx"}
 
-# Subcommands: name -> function taking the remaining arguments, or "module:function" imported
-# only when the command runs (so `legion --help` stays fast and needs no optional package).
-COMMANDS = {
-    "train": _hydra_train,
-    "play": _play,
-    "randomization": "legion.tasks.randomization:main",
-    "export": "legion.sim2real.export:main",
-    "sim2sim": "legion.sim2real.sim2sim:main",
-}
+
+class UsageError(Exception):
+    """Bad arguments: printed as one message, exit code 2."""
+
+
+def _fail(command: str, message: str) -> None:
+    print(f"legion {command}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_run_args(args: list[str], help_text: str, options: dict) -> tuple[Path, dict, list[str]]:
+    """Splits ``run=<folder>``, this command's ``options`` (name -> default) and config overrides."""
+    bad = [a for a in args if "=" not in a and not a.startswith("~")]
+    run = [a.split("=", 1)[1] for a in args if a.startswith("run=")]
+    if bad or len(run) != 1:
+        raise UsageError(f"expected run=<run folder> and key=value options, got {' '.join(args) or 'nothing'}\n\n{help_text}")
+    chosen, overrides = dict(options), []
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key == "run":
+            continue
+        if key in options:
+            chosen[key] = value
+        else:
+            overrides.append(arg)
+    return Path(run[0]), chosen, overrides
+
+
+def _number(name: str, value: str, kind=int):
+    try:
+        return kind(value)
+    except ValueError:
+        raise UsageError(f"{name}={value}: expected a{'n integer' if kind is int else ' number'}") from None
+
+
+# --- commands ---------------------------------------------------------------------------------
+def train(args: list[str]) -> None:
+    from legion import runs
+
+    if any(a.startswith("resume=") for a in args):
+        if any(a in ("-h", "--help") for a in args):
+            print(RESUME_HELP)
+            return
+        run_args = [f"run={a.split('=', 1)[1]}" if a.startswith("resume=") else a for a in args]
+        run, options, overrides = parse_run_args(run_args, RESUME_HELP, {"checkpoint": None})
+        cfg = runs.load_run_config(run, overrides)
+        runs.train(cfg, run, resume=True, checkpoint=options["checkpoint"])
+        return
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    hydra_flags = any(a.startswith("-") for a in args)
+    if not multirun and not hydra_flags:  # check now: Hydra would build the simulation first
+        runs.validate(runs.typed(runs.compose(*args)))
+    _hydra_train(args)
+
+
+def _hydra_train(args: list[str]) -> None:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from legion import runs
+    from legion.configs import schema
+
+    def job(cfg) -> None:
+        runs.train(cfg, Path(HydraConfig.get().runtime.output_dir))
+
+    schema.register()
+    main = hydra.main(config_path=str(runs.CONFIG_DIR), config_name="train", version_base="1.3")(job)
+    sys.argv = ["legion train", *args]
+    main()
+
+
+def play(args: list[str]) -> None:
+    from legion import runs
+
+    if any(a in ("-h", "--help") for a in args):
+        print(PLAY_HELP)
+        return
+    run, options, overrides = parse_run_args(args, PLAY_HELP, {"checkpoint": None, "episodes": "5"})
+    episodes = _number("episodes", options["episodes"])
+    loaded = runs.load_run(run, options["checkpoint"], overrides)
+    print(f"[legion] playing {loaded.checkpoint} on {loaded.env.num_envs} envs of {loaded.settings.task.name}", flush=True)
+    for i, episode in enumerate(runs.play(loaded, episodes)):
+        cause = "time out" if episode["time_out"] else "terminated"
+        print(f"episode {i + 1}: return {episode['return']:8.3f}  length {episode['length']:5d}  ({cause})", flush=True)
+
+
+def randomization(args: list[str]) -> None:
+    from legion import runs
+    from legion.tasks.randomization import report
+
+    if any(a in ("-h", "--help") for a in args):
+        print(RANDOMIZATION_HELP)
+        return
+    bad = [a for a in args if "=" not in a and not a.startswith("~")]
+    if bad:
+        raise UsageError(f"expected key=value overrides, got {bad}\n\n{RANDOMIZATION_HELP}")
+    if not any(a.split("=", 1)[0].lstrip("+") == "sim.num_envs" for a in args):
+        args = [*args, "sim.num_envs=64"]
+    cfg = runs.typed(runs.compose(*args))
+    runs.validate(cfg)
+    runs.setup_process()
+    print(report(runs.make_env(cfg)))
+
+
+def export(args: list[str]) -> None:
+    from legion.sim2real.export import export_run, summary
+
+    if any(a in ("-h", "--help") for a in args):
+        print(EXPORT_HELP)
+        return
+    run, options, overrides = parse_run_args(args, EXPORT_HELP, {"checkpoint": None, "out": None, "steps": "50"})
+    out_dir, report = export_run(run, options["checkpoint"], options["out"], _number("steps", options["steps"]), overrides)
+    print(summary(run, out_dir, report))
+
+
+def sim2sim(args: list[str]) -> None:
+    from legion.sim2real import sim2sim as s2s
+
+    if any(a in ("-h", "--help") for a in args):
+        print(SIM2SIM_HELP)
+        return
+    run, options, overrides = parse_run_args(args, SIM2SIM_HELP, {
+        "checkpoint": None, "onnx": None, "duration_s": "10", "commands": json.dumps(s2s.DEFAULT_COMMANDS),
+        "realtime": "false", "json": None, "physics": "mjcf"})
+    try:
+        commands = json.loads(options["commands"])
+    except ValueError as e:
+        raise UsageError(f"commands must be a JSON list of [v_x, v_y, yaw_rate] triples ({e})\n\n{SIM2SIM_HELP}") from None
+    if options["physics"] not in ("mjcf", "matched"):
+        raise UsageError(f"physics={options['physics']}: choose physics=mjcf or physics=matched.")
+    result = s2s.compare(run, options["checkpoint"], Path(options["onnx"]) if options["onnx"] else None,
+                         _number("duration_s", options["duration_s"], float), commands, options["physics"],
+                         options["realtime"].lower() == "true", overrides)
+    print(f"[legion] sim2sim {result['onnx']}: {len(result['newton'])} commands x {result['steps'] * result['control_dt']:g} s "
+          f"({result['steps']} control steps of {result['control_dt']:g} s), MuJoCo physics={options['physics']}")
+    print(s2s.table(result))
+    if options["json"]:
+        Path(options["json"]).write_text(json.dumps({k: result[k] for k in ("newton", "mujoco", "mean", "loop")}, indent=2))
+
+
+COMMANDS = {"train": train, "play": play, "randomization": randomization, "export": export, "sim2sim": sim2sim}
 
 
 def main() -> None:
     args = sys.argv[1:]
-    usage = USAGE.format(tasks=", ".join(task_names()))
     if not args or args[0] in ("-h", "--help", "help"):
-        print(usage)
+        from legion.runs import task_names
+
+        print(USAGE.format(tasks=", ".join(task_names())))
         return
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
-        sys.exit(f"legion: unknown command '{command}'.\n\n{usage}")
-    handler = COMMANDS[command]
-    if isinstance(handler, str):
-        import importlib
+        from legion.runs import task_names
 
-        module, function = handler.split(":")
-        handler = getattr(importlib.import_module(module), function)
+        _fail(command, f"unknown command.\n\n{USAGE.format(tasks=', '.join(task_names()))}")
     try:
-        handler(rest)
+        COMMANDS[command](rest)
     except ModuleNotFoundError as e:
         if e.name and e.name.split(".")[0] in TRAINING_STACK:
-            sys.exit(f"legion {command} needs the training stack ({e.name} is missing): "
-                     "pip install torch==2.13.0 && pip install 'legion-rl[train]'")
+            _fail(command, f"needs the training stack ({e.name} is missing): "
+                           "pip install torch==2.13.0 && pip install 'legion-rl[train]'")
+        raise
+    except UsageError as e:
+        _fail(command, str(e))
+    except ValueError as e:  # ConfigError, RunError, bad requests: the message names the fix
+        _fail(command, str(e))
+    except RuntimeError as e:
+        from legion.sim2real.deploy import PolicyLoadError
+        from legion.sim2real.export import ExportError
+
+        if isinstance(e, (ExportError, PolicyLoadError)):
+            _fail(command, str(e))
         raise
 
 

@@ -18,27 +18,13 @@ TensorRT's ONNX parser supports (``TENSORRT_OPS``); the edge runtime loads the f
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 import re
-import sys
 import warnings
 from pathlib import Path
-
-HELP = """usage: legion export run=<run folder> [checkpoint=PATH] [out=DIR] [steps=N] [key=value ...]
-
-Exports the run's latest checkpoint (or `checkpoint=`) to DIR (default <run>/exported/):
-policy.onnx (fp32, opset 17, dynamic batch, normalizer folded in), policy_fp16.onnx and
-policy.json (joint order, default pose, action scale/offset, PD gains, effort and joint limits,
-control dt, observation layout, command and randomization ranges, config hash, version).
-
-Every export is verified and the command fails if a check fails: onnx.checker; onnxruntime
-vs torch on observations from `steps` (default 50) policy steps in the task's env (max abs
-difference <= 1e-5 fp32, <= 1e-2 fp16); operators TensorRT's ONNX parser supports.
-Config keys can be overridden like `legion play` (default sim.num_envs=16); `+key=value` adds
-a key and `~key` removes one (e.g. `~task.reset_events` for a run saved before task.events).
-"""
 
 OPSET = 17
 FP32_TOLERANCE = 1e-5
@@ -65,45 +51,45 @@ class ExportError(RuntimeError):
 
 
 def legion_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    import legion
 
-    try:
-        return version("legion-rl")
-    except PackageNotFoundError:
-        return "unknown (not installed: pip install -e .)"
+    return legion.__version__
 
 
 # --- metadata --------------------------------------------------------------------------------
-def build_metadata(env, cfg, run: Path, checkpoint: Path, actor) -> dict:
-    """Everything a robot needs besides the network, as JSON-able values (lists, floats, str)."""
+def build_metadata(loaded, actor) -> dict:
+    """Everything a robot needs besides the network, as JSON-able values (lists, floats, str), from
+    a loaded run (:class:`legion.runs.LoadedRun`): its env, its runner and its config."""
     import torch
-    from omegaconf import OmegaConf
 
-    from legion.agents.runner import load_checkpoint
+    from legion.tasks.mdp import rewards, terminations
 
-    sim = env.sim
+    env, settings = loaded.env, loaded.settings
+    robot, task = env.robot, settings.task
     layout = env.observation_layout()
     terms, start = [], 0
     for group in actor.obs_groups:  # the actor's input is its groups concatenated in this order
-        for entry, term in zip(layout[group], env.observation_terms[group]):
-            terms.append({"group": group, "name": entry["name"], "func": term.func.__name__, "start": start,
-                          "size": entry["size"], "scale": entry["scale"], "clip": entry["clip"]})
+        for entry in layout[group]:
+            terms.append({**entry, "group": group, "start": start})
             start += entry["size"]
-    action_cfg = OmegaConf.to_container(cfg.task.action, resolve=True)
-    joint_ids = list(getattr(env.action, "joint_ids", range(sim.num_joints)))
-    if action_cfg["type"] == "joint_position":
-        offset = env.default_joint_pos[0, joint_ids]
-    else:
-        offset = torch.zeros(len(joint_ids))
-    task = OmegaConf.to_container(cfg.task, resolve=True)
-    saved = load_checkpoint(checkpoint)
-    env_state = saved.get("env")  # the env's state_dict, in checkpoints that keep one
-    saved_ranges = env_state.get("randomization") if isinstance(env_state, dict) else None
-    configured = {name: spec for name, spec in (task.get("events") or {}).items() if (spec or {}).get("enabled", True)}
     # The enabled event terms as configured, with the ranges in effect at the checkpoint (a
     # curriculum may have moved them).
-    randomization = {name: {**(configured.get(name) or {}), **entry} for name, entry in saved_ranges.items()} \
-        if saved_ranges else configured
+    randomization = {}
+    for name, entry in env.state_dict()["randomization"].items():
+        spec = dataclasses.asdict(task.events[name])
+        randomization[name] = {**{k: v for k, v in spec.items() if v is not None}, **entry}
+    tracking = {"lin_vel_xy": None, "ang_vel_z": None}
+    for term in env.reward_terms:
+        for key, func in (("lin_vel_xy", rewards.track_lin_vel_xy_exp), ("ang_vel_z", rewards.track_ang_vel_z_exp)):
+            if term.func is func:
+                tracking[key] = {"weight": term.weight, "std": term.params["std"]}
+    fall = {"contact_bodies": [], "contact_threshold": None, "min_base_height": None}
+    for term in env.termination_terms:
+        if term.func is terminations.illegal_contact:
+            fall["contact_bodies"] += [robot.body_names[i] for i in term.params["bodies"].tolist()]
+            fall["contact_threshold"] = term.params["threshold"]
+        elif term.func is terminations.base_height_below:
+            fall["min_base_height"] = term.params["height"]
     recurrent = None
     if getattr(actor, "is_recurrent", False):
         rnn = actor.rnn.rnn
@@ -113,41 +99,37 @@ def build_metadata(env, cfg, run: Path, checkpoint: Path, actor) -> dict:
     inputs = ["obs"] + state_names
     outputs = ["actions"] + [name.replace("_in", "_out") for name in inputs[1:]]
 
-    def nominal(name: str) -> torch.Tensor:
-        """World 0's value before any randomization (the robot model's own)."""
-        defaults = getattr(sim, "defaults", {})
-        if name in defaults:
-            return defaults[name][0]
-        return sim.effort_limits if name == "joint_effort_limit" else getattr(sim, name)[0]
-
     def floats(t: torch.Tensor) -> list:
         # 7 significant digits: float32's precision, without float32's decimal noise (23.7000008)
         return [float(f"{v:.7g}") for v in t.reshape(-1).tolist()] if t.dim() <= 1 else [floats(r) for r in t]
 
+    nominal = robot.defaults  # world 0 holds the model's own values before randomization
     return {
-        "metadata_version": 1,
+        "metadata_version": 2,
         "legion_version": legion_version(),
-        "task": cfg.task.name,
-        "robot": cfg.task.robot,
-        "checkpoint": checkpoint.name,
-        "iteration": int(saved["iteration"]),
-        "config_sha256": hashlib.sha256((run / "config.yaml").read_bytes()).hexdigest(),
-        "joint_names": list(sim.joint_names),
-        "default_joint_pos": floats(env.default_joint_pos[0]),
-        "default_root_height": task.get("default_root_height"),
-        "action": {"type": action_cfg["type"], "joint_ids": joint_ids, "scale": float(env.action.scale),
-                   "offset": floats(offset), "clip": env.action.clip},
-        "joint_stiffness": floats(nominal("joint_stiffness")),
-        "joint_damping": floats(nominal("joint_damping")),
-        "effort_limits": floats(nominal("joint_effort_limit")),
-        "joint_limits": floats(sim.joint_limits),
+        "task": task.name,
+        "robot": task.scene.robot.file,
+        "checkpoint": loaded.checkpoint.name,
+        "iteration": int(loaded.runner.iteration),
+        "config_sha256": hashlib.sha256((loaded.run / "config.yaml").read_bytes()).hexdigest(),
+        "joint_names": list(robot.joint_names),
+        "default_joint_pos": floats(robot.default_joint_pos[0]),
+        "default_root_height": task.scene.robot.root_height,
+        "action": {"type": task.action.type, "joint_ids": env.action.joint_ids.tolist(), "scale": float(env.action.scale),
+                   "offset": floats(env.action.offset[0]), "clip": env.action.clip},
+        "joint_stiffness": floats(nominal["joint_stiffness"][0]),
+        "joint_damping": floats(nominal["joint_damping"][0]),
+        "effort_limits": floats(robot.effort_limits),
+        "joint_limits": floats(robot.joint_limits),
         "control_dt": float(env.step_dt),
-        "physics_dt": float(sim.physics_dt),
-        "decimation": int(sim.decimation),
+        "physics_dt": float(env.sim.physics_dt),
+        "decimation": int(env.sim.decimation),
         "observation": {"groups": list(actor.obs_groups), "size": start, "terms": terms},
-        "commands": task.get("commands"),
+        "command": dataclasses.asdict(task.command) if task.command else None,
         "randomization": randomization,
-        "ground_friction": task.get("ground_friction"),
+        "ground_friction": task.scene.ground.friction if task.scene.ground else None,
+        "tracking": tracking,
+        "fall": fall,
         "normalizer": "in the graph: (obs - mean) / (std + eps)" if actor.obs_normalization else "none",
         "onnx": {"opset": OPSET, "inputs": inputs, "outputs": outputs, "recurrent": recurrent,
                  "obs_dim": start, "num_actions": env.num_actions},
@@ -345,39 +327,30 @@ def export_run(run: Path, checkpoint=None, out_dir: Path | None = None, steps: i
                loaded=None) -> tuple[Path, dict]:
     """``legion export`` as a function: returns (output folder, verification report).
 
-    ``loaded`` reuses a ``load_run`` result (cfg, env, runner, checkpoint) instead of building one.
+    ``loaded`` reuses a :func:`legion.runs.load_run` result instead of building one.
     """
-    from legion.cli import load_run
+    from legion.runs import load_run
 
-    cfg, env, runner, checkpoint = loaded or load_run(run, checkpoint, overrides)
-    actor = runner.ppo.get_policy()
+    loaded = loaded or load_run(run, checkpoint, overrides)
+    actor = loaded.runner.ppo.get_policy()
     actor.eval()
-    metadata = build_metadata(env, cfg, run, checkpoint, actor)
-    observations = sample_observations(env, actor, steps)
-    out_dir = Path(out_dir) if out_dir else run / "exported"
+    metadata = build_metadata(loaded, actor)
+    observations = sample_observations(loaded.env, actor, steps)
+    out_dir = Path(out_dir) if out_dir else Path(run) / "exported"
     return out_dir, export_policy(actor, metadata, observations, out_dir)
 
 
-def main(args: list[str]) -> None:
-    if any(a in ("-h", "--help") for a in args):
-        print(HELP)
-        return
-    from legion.agents.runner import CheckpointError
-    from legion.cli import RunError, parse_run_args
-
-    run, options, overrides = parse_run_args(args, "export", HELP, {"checkpoint": None, "out": None, "steps": "50"})
-    try:
-        out_dir, report = export_run(run, options["checkpoint"], options["out"], int(options["steps"]), overrides)
-    except (ExportError, RunError, CheckpointError) as e:
-        sys.exit(f"legion export: {e}")
+def summary(run: Path, out_dir: Path, report: dict) -> str:
+    """What ``legion export`` prints: files, verification numbers, the policy's contract."""
     meta = json.loads((out_dir / "policy.json").read_text())
-    print(f"[legion] exported {meta['checkpoint']} of {run} -> {out_dir}")
+    lines = [f"[legion] exported {meta['checkpoint']} of {run} -> {out_dir}"]
     for name in ("policy.onnx", "policy_fp16.onnx"):
         r = report[name]
-        print(f"  {name:17s} {r['bytes'] / 1e6:6.2f} MB  onnxruntime vs torch max |diff| {r['max_abs_diff']:.2e} "
-              f"(limit {r['tolerance']:g}) on {report['observations']} env observations")
-    print(f"  operators         {', '.join(report['policy.onnx']['operators'])} (all in TensorRT's ONNX parser set)")
+        lines.append(f"  {name:17s} {r['bytes'] / 1e6:6.2f} MB  onnxruntime vs torch max |diff| {r['max_abs_diff']:.2e} "
+                     f"(limit {r['tolerance']:g}) on {report['observations']} env observations")
+    lines.append(f"  operators         {', '.join(report['policy.onnx']['operators'])} (all in TensorRT's ONNX parser set)")
     obs = meta["observation"]
-    print(f"  policy.json       {len(meta['joint_names'])} joints, obs {obs['size']} = "
-          + " + ".join(f"{t['name']}[{t['size']}]" for t in obs["terms"])
-          + f", control dt {meta['control_dt']:g} s, recurrent: {meta['onnx']['recurrent'] or 'no'}")
+    lines.append(f"  policy.json       {len(meta['joint_names'])} joints, obs {obs['size']} = "
+                 + " + ".join(f"{t['name']}[{t['size']}]" for t in obs["terms"])
+                 + f", control dt {meta['control_dt']:g} s, recurrent: {meta['onnx']['recurrent'] or 'no'}")
+    return "\n".join(lines)

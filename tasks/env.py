@@ -1,72 +1,41 @@
 """The batched env: rsl-rl's VecEnv over a :class:`legion.tasks.sim.NewtonSim`, composed from terms.
 
-One control step is: apply the action, run ``decimation`` physics substeps (one Warp graph),
+One control step is: apply the action, run ``decimation`` physics steps (one Warp graph),
 advance commands and contact timers, evaluate terminations and rewards, reset the finished
 worlds, fire the interval events (pushes, ...), and compute the observations of every group.
 Everything is a batched tensor operation over all environments; nothing loops over
-environments in Python.
+environments in Python, and no term looks a name up while the env steps.
 
-The task config (``configs/task/*.yaml``, key ``task``) names the terms; see
-:mod:`legion.tasks.mdp` for the term signatures and :mod:`legion.tasks.mdp.events` for the event terms
-(episode starts and domain randomization, ``task.events``).
+The task config (``configs/task/*.yaml``, schema :class:`legion.configs.schema.Task`) names the
+terms; see :mod:`legion.tasks.mdp` for the term signatures and :mod:`legion.tasks.mdp.events`
+for the event terms (episode starts and domain randomization, ``task.events``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from rsl_rl.env import VecEnv
 from tensordict import TensorDict
 
+from legion.configs.schema import Sim, Task
 from legion.tasks import mdp
 from legion.tasks.sim import NewtonSim
 
 
-@dataclass
-class Term:
-    """One configured term: the function, its keyword parameters and its modifiers."""
-
-    name: str
-    func: Callable
-    params: dict = field(default_factory=dict)
-    weight: float = 1.0  # rewards
-    scale: float | list[float] = 1.0  # observations: one factor, or one per element
-    noise: float = 0.0  # observations: uniform noise half-width, in the term's own units
-    noise_scale: torch.Tensor | None = None  # observations: (num_envs, 1) per-env noise factor
-    clip: float | None = None  # observations
-    time_out: bool = False  # terminations
-
-
-def resolve_term(name: str, spec: dict | None, module) -> Term:
-    """Builds a :class:`Term` from its config entry; ``func`` defaults to the entry's name."""
-    spec = dict(spec or {})
-    func_name = spec.pop("func", name)
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        available = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-        raise ValueError(f"Unknown {module.__name__.split('.')[-1]} term '{func_name}'. Available: {available}")
-    params = dict(spec.pop("params", None) or {})
-    try:
-        return Term(name=name, func=func, params=params, **spec)
-    except TypeError as e:
-        raise ValueError(f"Bad settings for term '{name}': {e}") from e
-
-
 class ContactTimers:
-    """Per-body air and contact time, for gait rewards. Shapes (num_envs, num_bodies) [s]."""
+    """Per-body air and contact time of the robot, for gait rewards. Shapes (num_envs, num_bodies) [s]."""
 
     def __init__(self, env, threshold: float = 1.0):
-        n, b = env.num_envs, len(env.sim.body_names)
+        n, b = env.num_envs, env.robot.num_bodies
         self.env, self.threshold = env, threshold
         self.air_time = torch.zeros(n, b, device=env.device)
         self.last_air_time = torch.zeros_like(self.air_time)
         self.first_contact = torch.zeros(n, b, dtype=torch.bool, device=env.device)
 
     def step(self, dt: float) -> None:
-        in_contact = torch.norm(self.env.sim.contact_forces, dim=-1) > self.threshold
+        in_contact = torch.norm(self.env.robot.contact_forces_w, dim=-1) > self.threshold
         self.first_contact = in_contact & (self.air_time > 0.0)
         self.last_air_time = torch.where(self.first_contact, self.air_time + dt, self.last_air_time)
         self.air_time = torch.where(in_contact, 0.0, self.air_time + dt)
@@ -77,84 +46,72 @@ class ContactTimers:
 
 
 class LegionEnv(VecEnv):
-    """A task from ``configs/task`` on ``num_envs`` Newton worlds, behind rsl-rl's VecEnv.
+    """A task on ``num_envs`` Newton worlds, behind rsl-rl's VecEnv.
 
     Args:
-        task_cfg: the ``task`` config node (a dict).
-        sim_cfg: the ``sim`` config node (a dict): num_envs, dt, decimation, solver, ...
+        task: the ``task`` config (:class:`legion.configs.schema.Task`).
+        sim: the ``sim`` config (:class:`legion.configs.schema.Sim`).
         device: torch/Warp device of the simulation and of every tensor it returns.
-        seed: seeds the env's generator (resets, commands, noise).
+        seed: seeds the env's generator (resets, commands, noise, randomization).
+
+    Attributes:
+        sim: the :class:`~legion.tasks.sim.NewtonSim`; ``scene`` its entities by name, ``robot`` the robot.
+        action, command: the task's action term and command (``None`` if it has none).
+        contacts: the robot's :class:`ContactTimers` (``None`` without contact sensing).
+        observation_terms, reward_terms, termination_terms: the resolved :class:`~legion.tasks.mdp.Term`\\ s.
+        events: the :class:`~legion.tasks.mdp.events.Events`.
     """
 
-    def __init__(self, task_cfg: dict, sim_cfg: dict, device: str = "cpu", seed: int = 0):
-        self.cfg = task_cfg
+    def __init__(self, task: Task, sim: Sim, device: str = "cpu", seed: int = 0):
+        mdp.check(task)  # every term's function and params, before the simulation is built
+        self.cfg = task
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.num_envs = sim_cfg["num_envs"]
-        if "reset_events" in task_cfg:
-            raise ValueError("task.reset_events is now part of task.events: give each entry `mode: reset` "
-                             "(see tasks/mdp/events.py and configs/task/quadruped_flat.yaml).")
-        self.events = mdp.events.Events(self, task_cfg.get("events"))  # checks the config first
-        self.sim = NewtonSim(
-            robot=task_cfg["robot"],
-            num_envs=sim_cfg["num_envs"],
-            dt=sim_cfg["dt"],
-            decimation=sim_cfg["decimation"],
-            device=device,
-            solver=sim_cfg.get("solver", "mujoco"),
-            solver_options=sim_cfg.get("solver_options"),
-            ground=task_cfg.get("ground", True),
-            ground_friction=task_cfg.get("ground_friction", 1.0),
-            sense_contacts=task_cfg.get("sense_contacts", True),
-            use_graph=sim_cfg.get("use_graph", True),
-        )
+        self.num_envs = sim.num_envs
+        self.sim = NewtonSim(task.scene, num_envs=sim.num_envs, dt=sim.dt, decimation=sim.decimation, device=device,
+                             solver=sim.solver, solver_options=sim.solver_options, use_graph=sim.use_graph)
+        self.scene, self.robot = self.sim.scene, self.sim.robot
         self.step_dt = self.sim.control_dt
-        self.max_episode_length = math.ceil(task_cfg["episode_length_s"] / self.step_dt)
+        self.max_episode_length = math.ceil(task.episode_length_s / self.step_dt)
         self.episode_length_buf = torch.zeros(self.num_envs, dtype=torch.long, device=device)
         self.noise_enabled = True
+        # Default state: the model's, with the task's pose (by joint-name regex) and base height.
+        robot = self.robot
+        for pattern, value in task.scene.robot.joint_pos.items():
+            robot.default_joint_pos[:, robot.find_joints(pattern)] = value
+        if robot.floating_base:
+            if task.scene.robot.root_height is not None:
+                robot.default_root_pose[:, 2] = task.scene.robot.root_height
+            robot.default_root_pose[:, 3:7] = torch.tensor([0.0, 0.0, 0.0, 1.0], device=device)
 
-        # Default pose: the model's, overridden per joint-name regex by the task.
-        for pattern, value in (task_cfg.get("default_joint_pos") or {}).items():
-            self.sim.default_joint_pos[:, self.sim.find_joints(pattern)] = value
-        self.default_joint_pos = self.sim.default_joint_pos
-        self.default_root_pose = self.sim.default_root_pose
-        if self.sim.floating_base:
-            self.default_root_pose[:, 2] = task_cfg.get("default_root_height", self.default_root_pose[0, 2])
-            self.default_root_pose[:, 3:7] = torch.tensor([0.0, 0.0, 0.0, 1.0], device=device)
-
-        action_cfg = dict(task_cfg["action"])
-        action_type = action_cfg.pop("type")
-        if action_type not in mdp.ACTIONS:
-            raise ValueError(f"Unknown action type '{action_type}'. Available: {sorted(mdp.ACTIONS)}")
-        self.action = mdp.ACTIONS[action_type](self, **action_cfg)
+        action = task.action
+        if action.type not in mdp.ACTIONS:
+            raise ValueError(f"task.action.type: unknown '{action.type}'. Available: {sorted(mdp.ACTIONS)}")
+        self.action = mdp.ACTIONS[action.type](self, joints=action.joints, scale=action.scale, clip=action.clip)
         self.num_actions = self.action.dim
-        self.command = mdp.VelocityCommand(self, **task_cfg["commands"]) if task_cfg.get("commands") else None
-        self.contacts = ContactTimers(self) if self.sim._geom_slot is not None else None
-
+        self.command = None
+        if task.command is not None:
+            if task.command.type not in mdp.COMMANDS:
+                raise ValueError(f"task.command.type: unknown '{task.command.type}'. Available: {sorted(mdp.COMMANDS)}")
+            self.command = mdp.COMMANDS[task.command.type](self, task.command)
+        self.contacts = ContactTimers(self) if self.sim.senses_contacts else None
         self.observation_terms = {
-            group: [resolve_term(name, spec, mdp.observations) for name, spec in terms.items()]
-            for group, terms in task_cfg["observations"].items()
+            group: [mdp.resolve(self, "observations", name, term, f"task.observations.{group}.{name}")
+                    for name, term in terms.items()]
+            for group, terms in task.observations.items()
         }
-        for term in (t for terms in self.observation_terms.values() for t in terms):
-            if isinstance(term.scale, (list, tuple)):
-                term.scale = torch.tensor(term.scale, dtype=torch.float32, device=device)
-            if term.noise:
-                term.noise_scale = torch.ones(self.num_envs, 1, device=device)
-        self.reward_terms = [
-            resolve_term(name, spec, mdp.rewards)
-            for name, spec in task_cfg["rewards"].items()
-            if (spec or {}).get("weight", 1.0) != 0.0
-        ]
-        self.termination_terms = [
-            resolve_term(name, spec, mdp.terminations) for name, spec in (task_cfg.get("terminations") or {}).items()
-        ]
-
+        self.reward_terms = [mdp.resolve(self, "rewards", name, term)
+                             for name, term in task.rewards.items() if term.weight != 0.0]
+        self.termination_terms = [mdp.resolve(self, "terminations", name, term)
+                                  for name, term in task.terminations.items()]
+        self.events = mdp.events.Events(self, task.events)
         self.episode_sums = {t.name: torch.zeros(self.num_envs, device=device) for t in self.reward_terms}
         self.terminated = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
         self.time_outs = torch.zeros_like(self.terminated)
         self.extras: dict = {"log": {}}
         self.events.apply("startup", torch.arange(self.num_envs, device=device))
         self.reset()
+        self._layout = self._measure_layout()
 
     # --- helpers for terms ----------------------------------------------------------------
     def uniform(self, low: float, high: float, shape: tuple) -> torch.Tensor:
@@ -174,7 +131,7 @@ class LegionEnv(VecEnv):
 
     def refresh_observations(self) -> TensorDict:
         """Recomputes the observations from the current state, e.g. after a caller wrote the
-        state or the commands directly."""
+        state or held the commands."""
         self._observations = self._compute_observations()
         return self._observations
 
@@ -191,7 +148,6 @@ class LegionEnv(VecEnv):
             self.command.step()
         if self.contacts is not None:
             self.contacts.step(self.step_dt)
-
         self.extras = {"log": {}}
         self._compute_terminations()
         rewards = self._compute_rewards()
@@ -214,16 +170,23 @@ class LegionEnv(VecEnv):
         """Restores the current randomization ranges and the curriculum's step count."""
         self.events.load_state_dict(state)
 
+    def observation_layout(self) -> dict[str, list[dict]]:
+        """Per group, the terms in order: name, function, start, size, scale, clip, params (for
+        export metadata; index tensors as lists)."""
+        return self._layout
+
+    def close(self) -> None:
+        pass
+
     # --- internals ------------------------------------------------------------------------
     def _compute_terminations(self) -> None:
         self.time_outs = self.episode_length_buf >= self.max_episode_length
         self.terminated = torch.zeros_like(self.time_outs)
         # A world whose physics went non-finite is ended and counted, never propagated.
-        nonfinite = ~torch.isfinite(self.sim.joint_pos).all(1) | ~torch.isfinite(self.sim.joint_vel).all(1)
-        if self.sim.floating_base:
-            nonfinite |= ~torch.isfinite(self.sim.root_pos).all(1)
+        sim = self.sim
+        nonfinite = ~torch.isfinite(sim.joint_q).all(1) | ~torch.isfinite(sim.joint_qd).all(1)
         for term in self.termination_terms:
-            hit = term.func(self, **term.params) & ~nonfinite
+            hit = term(self) & ~nonfinite
             if term.time_out:
                 self.time_outs |= hit
             else:
@@ -233,16 +196,16 @@ class LegionEnv(VecEnv):
         self.extras["log"]["Episode_Termination/nonfinite"] = nonfinite.float().mean()
         if nonfinite.any():
             # Keep the bad numbers out of rewards and observations of this step.
-            self.sim.joint_pos.nan_to_num_(0.0, 0.0, 0.0)
-            self.sim.joint_vel.nan_to_num_(0.0, 0.0, 0.0)
+            sim.joint_q.nan_to_num_(0.0, 0.0, 0.0)
+            sim.joint_qd.nan_to_num_(0.0, 0.0, 0.0)
 
     def _compute_rewards(self) -> torch.Tensor:
         total = torch.zeros(self.num_envs, device=self.device)
         for term in self.reward_terms:
-            value = term.func(self, **term.params) * (term.weight * self.step_dt)
+            value = term(self) * (term.weight * self.step_dt)
             self.episode_sums[term.name] += value
             total += value
-        if self.cfg.get("only_positive_rewards", False):
+        if self.cfg.only_positive_rewards:
             # legged_gym's remedy for early training: with a negative total per step, ending the
             # episode (falling on purpose) would be the best policy.
             total.clamp_(min=0.0)
@@ -253,7 +216,7 @@ class LegionEnv(VecEnv):
         for group, terms in self.observation_terms.items():
             parts = []
             for term in terms:
-                value = term.func(self, **term.params)
+                value = term(self)
                 if term.noise and self.noise_enabled:
                     value = value + self.uniform(-term.noise, term.noise, value.shape) * term.noise_scale
                 if term.clip is not None:
@@ -262,6 +225,20 @@ class LegionEnv(VecEnv):
             groups[group] = torch.cat(parts, dim=-1)
         return TensorDict(groups, batch_size=[self.num_envs], device=self.device)
 
+    def _measure_layout(self) -> dict[str, list[dict]]:
+        layout = {}
+        for group, terms in self.observation_terms.items():
+            entries, start = [], 0
+            for term in terms:
+                size = term(self).shape[-1]
+                scale = term.scale.tolist() if isinstance(term.scale, torch.Tensor) else term.scale
+                params = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in term.params.items()}
+                entries.append({"name": term.name, "func": term.func.__name__, "start": start, "size": size,
+                                "scale": scale, "clip": term.clip, "params": params})
+                start += size
+            layout[group] = entries
+        return layout
+
     def _reset_idx(self, env_ids: torch.Tensor) -> None:
         if self.episode_length_buf[env_ids].any():  # not at construction
             seconds = self.max_episode_length * self.step_dt
@@ -269,38 +246,19 @@ class LegionEnv(VecEnv):
                 self.extras["log"][f"Episode_Reward/{name}"] = sums[env_ids].mean() / seconds
         for sums in self.episode_sums.values():
             sums[env_ids] = 0.0
-        # The default state, the reset events' perturbations, then body poses from it (FK).
-        sim = self.sim
-        sim.joint_pos[env_ids] = self.default_joint_pos[env_ids]
-        sim.joint_vel[env_ids] = 0.0
-        if sim.floating_base:
-            sim.root_pos[env_ids] = self.default_root_pose[env_ids, :3]
-            sim.root_quat[env_ids] = self.default_root_pose[env_ids, 3:]
-            sim.root_lin_vel[env_ids] = 0.0
-            sim.root_ang_vel[env_ids] = 0.0
+        # The default state of every entity, the reset events' perturbations, then body poses (FK).
+        robot = self.robot
+        robot.joint_pos[env_ids] = robot.default_joint_pos[env_ids]
+        robot.joint_vel[env_ids] = 0.0
+        for entity in self.scene.values():
+            if getattr(entity, "floating_base", False):
+                entity.root_pose_w[env_ids] = entity.default_root_pose[env_ids]
+                entity.root_vel_w[env_ids] = 0.0
         self.events.apply("reset", env_ids)
-        sim.reset(env_ids)
+        self.sim.reset(env_ids)
         self.action.reset(env_ids)
         if self.command is not None:
             self.command.resample(env_ids)
         if self.contacts is not None:
             self.contacts.reset(env_ids)
         self.episode_length_buf[env_ids] = 0
-
-    def observation_layout(self) -> dict[str, list[dict]]:
-        """Per group, the terms in order with their sizes and modifiers (for export metadata)."""
-        obs = self._observations
-        layout = {}
-        for group, terms in self.observation_terms.items():
-            entries, start = [], 0
-            for term in terms:
-                size = term.func(self, **term.params).shape[-1]
-                scale = term.scale.tolist() if isinstance(term.scale, torch.Tensor) else term.scale
-                entries.append({"name": term.name, "start": start, "size": size, "scale": scale, "clip": term.clip})
-                start += size
-            assert start == obs[group].shape[-1]
-            layout[group] = entries
-        return layout
-
-    def close(self) -> None:
-        pass

@@ -8,46 +8,12 @@ then every per-env physical parameter of the simulation that differs from the ro
 from __future__ import annotations
 
 import math
-import sys
-
-HELP = """usage: legion randomization [task=NAME] [key=value ...]
-
-Builds a fresh env of the task (sim.num_envs defaults to 64 here) and prints each event term of
-task.events (mode, distribution, configured and current range, and the min / mean / max of
-the values drawn across the envs), then the per-env physical parameters that differ from the
-robot model (min / mean / max over envs). Overrides as for `legion train`, e.g.
-  legion randomization task=quadruped_flat sim.num_envs=256 task.events.stiffness.enabled=true
-"""
-
-
-def main(args: list[str]) -> None:
-    if any(a in ("-h", "--help") for a in args):
-        print(HELP)
-        return
-    bad = [a for a in args if "=" not in a]
-    if bad:
-        sys.exit(f"legion randomization: expected key=value overrides, got {bad}\n\n{HELP}")
-    from legion.cli import compose, make_env, setup_process
-
-    if not any(a.split("=", 1)[0].lstrip("+") == "sim.num_envs" for a in args):
-        args = [*args, "sim.num_envs=64"]
-    try:
-        cfg = compose(*args)
-    except Exception as e:
-        sys.exit(f"legion randomization: bad override: {e}")
-    setup_process()
-    try:
-        env = make_env(cfg)
-    except ValueError as e:
-        sys.exit(f"legion randomization: {e}")
-    print(report(env))
-
 
 def report(env) -> str:
     """The two tables, as text."""
     import torch
 
-    lines = [f"{env.cfg['name']}: {env.num_envs} envs, seed-drawn values at construction (startup terms; "
+    lines = [f"{env.cfg.name}: {env.num_envs} envs, seed-drawn values at construction (startup terms; "
              "reset terms from the first episode start; interval terms once they fired)", ""]
     head = ("term", "mode", "distribution", "configured", "current", "drawn min", "mean", "max")
     rows = []
@@ -61,17 +27,16 @@ def report(env) -> str:
 
     sim = env.sim
     rows = []
-    for name, default in sim.defaults.items():
-        if name == "gravity":  # shown as a tilt angle below
-            continue
-        value = getattr(sim, name)
-        changed = (value != default).reshape(sim.num_envs, -1).any(0)
-        if not changed.any():
-            continue
-        v = value.reshape(sim.num_envs, -1)[:, changed]
-        d = default.reshape(sim.num_envs, -1)[:, changed]
-        rows.append((name, f"{int(changed.sum())} of {changed.numel()}", f"{v.min():.4g}", f"{v.mean():.4g}",
-                     f"{v.max():.4g}", _range((float(d.min()), float(d.max())))))
+    for entity in sim.scene.values():
+        for name, default in entity.defaults.items():
+            value = getattr(entity, name)
+            changed = (value != default).reshape(sim.num_envs, -1).any(0)
+            if not changed.any():
+                continue
+            v = value.reshape(sim.num_envs, -1)[:, changed]
+            d = default.reshape(sim.num_envs, -1)[:, changed]
+            rows.append((f"{entity.name}.{name}", f"{int(changed.sum())} of {changed.numel()}", f"{v.min():.4g}",
+                         f"{v.mean():.4g}", f"{v.max():.4g}", _range((float(d.min()), float(d.max())))))
     lines += ["", "per-env physical parameters that differ from the model (entries changed in any env):", ""]
     lines += _table(("parameter", "entries", "min", "mean", "max", "model"), rows) if rows else ["(none)"]
     if (sim.gravity != sim.defaults["gravity"]).any():

@@ -10,15 +10,24 @@ os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 
 import pytest  # noqa: E402
 
-from legion.cli import compose, setup_process  # noqa: E402
+from legion import runs  # noqa: E402
+from legion.runs import compose, typed  # noqa: E402, F401  (for the tests)
 
-setup_process()  # quiet Warp, the kernel cache above
+runs.setup_process()  # quiet Warp, the kernel cache above
 
 
 def make_env(*overrides: str):
-    from legion.cli import make_env as _make_env
+    return runs.make_env(compose(*overrides))
 
-    return _make_env(compose(*overrides))
+
+def make_runner(*overrides: str, env=None, log_dir=None):
+    """The runner ``agent.mode`` names, on ``env`` or a fresh env of the same config, seeded as training is."""
+    import torch
+
+    cfg = typed(compose(*overrides))
+    torch.manual_seed(cfg.seed)
+    env = env or runs.make_env(cfg)
+    return runs.make_runner(env, cfg.agent, log_dir=log_dir, device=cfg.device)
 
 
 @pytest.fixture(scope="session")

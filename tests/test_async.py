@@ -3,6 +3,7 @@ slow learner or a slow actor, V-trace targets, errors and Ctrl-C stop both threa
 killed run resumes at the next iteration with its learning rate and normalizer statistics."""
 
 import _thread
+import gc
 import os
 import signal
 import subprocess
@@ -13,23 +14,18 @@ import traceback
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
+from conftest import ROOT, compose, make_env, make_runner, typed
 from legion.agents.async_runner import AsyncRunner
-from legion.agents.ppo import (RolloutBuffer, act_without_values, build_behaviour_ppo, build_ppo,
-                        compute_returns_off_policy, vtrace)
-from legion.agents.runner import latest_checkpoint, load_checkpoint, make_runner
-from conftest import ROOT, compose, make_env
+from legion.agents.checkpoints import latest_checkpoint, load_checkpoint
+from legion.agents.ppo import RolloutBuffer, build_behaviour_ppo, build_ppo, compute_returns_off_policy, vtrace
 
 SMALL = ("task=cartpole", "sim.num_envs=32", "agent.num_steps_per_env=8")
 STEPS, ENVS = 8, 32
 
 
 def _runner(*overrides, env=None, log_dir=None):
-    cfg = compose(*SMALL, *overrides)
-    torch.manual_seed(cfg.seed)
-    env = env or make_env(*SMALL, *overrides)
-    return make_runner(env, OmegaConf.to_container(cfg.agent, resolve=True), log_dir=log_dir, device="cpu")
+    return make_runner(*SMALL, *overrides, env=env, log_dir=log_dir)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +56,7 @@ def test_async_with_lag_0_equals_sync_bit_for_bit():
     opt_a, opt_b = sync.ppo.optimizer.state_dict()["state"], lag0.ppo.optimizer.state_dict()["state"]
     assert all(torch.equal(opt_a[i]["exp_avg_sq"], opt_b[i]["exp_avg_sq"]) for i in opt_a)
     assert sync.ppo.learning_rate == lag0.ppo.learning_rate
-    assert list(sync.episode_returns) == list(lag0.episode_returns)
+    assert list(sync.log.episode_returns) == list(lag0.log.episode_returns)
     assert _no_worker_threads()
 
 
@@ -127,7 +123,7 @@ def test_vtrace_matches_a_hand_computed_example():
 
 def test_vtrace_on_policy_is_rsl_rl_gae(env):
     """Ratios of 1 (the policy that acted is the learner's): V-trace is GAE, the same bits."""
-    cfg = OmegaConf.to_container(compose(*SMALL).agent, resolve=True)
+    cfg = typed(compose(*SMALL)).agent
     ppo = build_ppo(env, cfg, "cpu")
     obs = env.get_observations()
     with torch.inference_mode():
@@ -149,14 +145,14 @@ def test_stale_rollout_is_learned_from_the_learners_policy_with_truncated_weight
     """Decoupled PPO: after compute_returns_off_policy, the rollout's log-probs and distribution are
     the learner's own (the update's first ratio is 1 and its KL 0, as in sync PPO) and each
     advantage is weighted by min(1, pi_learner / pi_behaviour)."""
-    cfg = OmegaConf.to_container(compose(*SMALL).agent, resolve=True)
+    cfg = typed(compose(*SMALL)).agent
     learner = build_ppo(env, cfg, "cpu", storage=RolloutBuffer(env, STEPS, "cpu"))
-    behaviour = build_behaviour_ppo(env, cfg, "cpu")  # other initial weights: a stale policy
+    behaviour = build_behaviour_ppo(env, cfg, "cpu", critic=False)  # other initial weights: a stale policy
     behaviour.storage = rollout = learner.storage
     obs = env.get_observations()
     with torch.inference_mode():
         for step in range(STEPS):
-            obs, rewards, dones, extras = env.step(act_without_values(behaviour, obs))
+            obs, rewards, dones, extras = env.step(behaviour.act(obs))
             behaviour.process_env_step(obs, rewards, dones, extras)
             rollout.time_outs[step].copy_(extras["time_outs"].view(-1, 1))
         rollout.last_obs.copy_(obs)
@@ -235,12 +231,66 @@ def test_timed_snapshots_and_ctrl_c_snapshot_are_consistent(env, tmp_path):
         assert ("env" in checkpoint) == hasattr(env, "state_dict")  # randomization ranges, curriculum
 
 
+class _Finalized:
+    """An object whose finalizer is running when Ctrl-C arrives."""
+
+    def __del__(self):
+        _thread.interrupt_main()  # the signal is handled while the finalizer's Python code runs ...
+        for _ in range(10_000):  # ... here, where an exception cannot propagate
+            pass
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_ctrl_c_handled_inside_a_finalizer_still_stops_training_within_a_second(env, tmp_path, mode):
+    """Python drops a KeyboardInterrupt raised inside a finalizer ("Exception ignored"): that is
+    how a Ctrl-C went missing while the garbage collector ran in the main thread, and a
+    continuous run went on writing snapshots. The runners turn the signal into a flag instead."""
+    runner = _runner(f"agent.mode={mode}", env=env, log_dir=tmp_path)
+    record, interrupted_at = runner.log.record, []
+
+    def record_then_collect(report):
+        record(report)
+        if report["iteration"] == 2:
+            garbage = _Finalized()
+            garbage.cycle = garbage  # only the cyclic garbage collector frees it
+            del garbage
+            interrupted_at.append(time.perf_counter())
+            gc.collect()
+
+    runner.log.record = record_then_collect
+    with pytest.raises(KeyboardInterrupt):
+        runner.learn(None)  # until stopped
+    assert time.perf_counter() - interrupted_at[0] < 1.0
+    assert _no_worker_threads()
+    assert latest_checkpoint(tmp_path).name == f"model_{runner.iteration}.pt" and runner.iteration >= 2
+
+
+def test_sigterm_writes_a_final_checkpoint_and_exits_cleanly(tmp_path):
+    """Preemption: SIGTERM stops a continuous run as Ctrl-C does, exit code 0."""
+    args = [*SMALL, "agent.mode=async", "agent.max_iterations=null", "agent.save_interval=1000"]
+    environ = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.Popen([sys.executable, "-m", "legion", "train", *args], cwd=tmp_path, env=environ,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in run.stdout:  # until training runs
+            if line.startswith("[it 3]"):
+                break
+        run.send_signal(signal.SIGTERM)
+        out, _ = run.communicate(timeout=30)
+    finally:
+        run.kill()
+    assert run.returncode == 0, out[-3000:]
+    assert "stopped by SIGTERM" in out and "Traceback" not in out
+    run_dir = next(tmp_path.glob("runs/cartpole/*"))
+    assert load_checkpoint(latest_checkpoint(run_dir))["iteration"] >= 3
+
+
 def test_killed_run_resumes_at_the_next_iteration_with_its_learning_rate_and_normalizer(tmp_path):
     """SIGKILL a continuous async run after its second snapshot, then `legion train resume=`."""
     args = [*SMALL, "agent.mode=async", "agent.max_iterations=null", "agent.save_interval=2",
             "agent.algorithm.schedule=adaptive"]
     environ = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.Popen([sys.executable, "-m", "legion.cli", "train", *args], cwd=tmp_path, env=environ,
+    run = subprocess.Popen([sys.executable, "-m", "legion", "train", *args], cwd=tmp_path, env=environ,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 120
@@ -258,7 +308,7 @@ def test_killed_run_resumes_at_the_next_iteration_with_its_learning_rate_and_nor
     actor = snapshot["policy"]["actor_state_dict"]
     assert actor["obs_normalizer.count"] == k * STEPS * ENVS  # taken between updates, never mid-update
 
-    resumed = subprocess.run([sys.executable, "-m", "legion.cli", "train", f"resume={run_dir}",
+    resumed = subprocess.run([sys.executable, "-m", "legion", "train", f"resume={run_dir}",
                               f"agent.max_iterations={k + 1}"], cwd=tmp_path, env=environ,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

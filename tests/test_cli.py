@@ -1,14 +1,16 @@
-"""The `legion` command line: Hydra overrides, clear errors, multirun, play."""
+"""The `legion` command line: one namespace, Hydra overrides, clear errors, multirun, play."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from conftest import ROOT, compose
+from legion.runs import ConfigError, load_run_config, save_config
 
-LEGION = [sys.executable, "-m", "legion.cli"]
+LEGION = [sys.executable, "-m", "legion"]
 
 
 def legion(*args, cwd):
@@ -16,34 +18,98 @@ def legion(*args, cwd):
     return subprocess.run([*LEGION, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+def test_only_legion_is_importable_after_an_editable_install(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    pip = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "-e",
+                          str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    env = {"PATH": os.environ["PATH"]}  # no PYTHONPATH: what the install provides, from another folder
+    for name in ("tasks", "agents", "sim2real", "configs"):
+        result = subprocess.run([python, "-c", f"import {name}"], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert result.returncode != 0 and f"No module named '{name}'" in result.stderr
+    found = subprocess.run([python, "-c", "import legion.tasks, legion.agents, legion.sim2real, legion.configs; "
+                            "print(legion.tasks.__file__, legion.configs.__file__)"],  # (no dependencies installed)
+                           cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr
+    assert [Path(p) for p in found.stdout.split()] == [ROOT / "tasks" / "__init__.py", ROOT / "configs" / "__init__.py"]
+
+
 def test_overrides_apply():
     cfg = compose("task=quadruped_flat", "sim.num_envs=256", "agent.max_iterations=50", "agent.algorithm.learning_rate=3e-4")
     assert cfg.task.name == "quadruped_flat"
     assert (cfg.sim.num_envs, cfg.agent.max_iterations, cfg.agent.algorithm.learning_rate) == (256, 50, 3e-4)
     assert cfg.sim.dt == 0.005 and cfg.sim.decimation == 4  # the task's own physics settings
+    assert cfg.agent.algorithm.gamma == 0.99 and cfg.sim.solver_options.iterations == 10  # schema / sim group
 
 
-def test_bad_key_names_the_key(tmp_path):
-    result = legion("train", "agent.lerning_rate=1", cwd=tmp_path)
-    assert result.returncode != 0
-    assert "agent.lerning_rate" in result.stderr + result.stdout
+@pytest.mark.parametrize("override, message", [
+    ("agent.lerning_rate=1", "agent.lerning_rate: no such key. Valid keys of agent: mode, "),
+    ("task.scene.robot.fle=x.xml", "task.scene.robot.fle: no such key. Valid keys of task.scene.robot: file, root_height"),
+    ("+task.rewards.flyy={wieght: 1}", "task.rewards.flyy.wieght: no such key. Valid keys of task.rewards.flyy: func"),
+    ("agent.max_iterations=abc", "agent.max_iterations: Value 'abc' of type 'str' could not be converted to Integer"),
+])
+def test_a_misspelt_or_mistyped_key_on_the_command_line_is_named(override, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        compose("task=quadruped_flat", override)
+
+
+def test_a_misspelt_key_in_a_task_file_is_named(tmp_path, monkeypatch):
+    import shutil
+
+    from legion import runs
+
+    configs = tmp_path / "configs"
+    shutil.copytree(runs.CONFIG_DIR, configs, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    task = configs / "task" / "cartpole.yaml"
+    task.write_text(task.read_text().replace("episode_length_s: 10.0", "episode_lenght_s: 10.0"))
+    monkeypatch.setattr(runs, "CONFIG_DIR", configs)
+    with pytest.raises(ConfigError, match=r"task\.episode_lenght_s: no such key\. Valid keys of task: .*episode_length_s"):
+        compose("task=cartpole")
+
+
+def test_a_misspelt_key_in_a_run_config_is_named_and_can_be_removed(tmp_path):
+    cfg = compose("task=cartpole")
+    save_config(cfg, tmp_path / "config.yaml")
+    text = (tmp_path / "config.yaml").read_text()
+    (tmp_path / "config.yaml").write_text(text.replace("  num_steps_per_env:", "  num_step_per_env: 3\n  num_steps_per_env:"))
+    with pytest.raises(ConfigError, match=r"(?s)config\.yaml: agent\.num_step_per_env: no such key\..*~key removes one"):
+        load_run_config(tmp_path)
+    fixed = load_run_config(tmp_path, ["~agent.num_step_per_env", "sim.num_envs=8", "+task.rewards.extra={weight: 0.5}"])
+    assert fixed.sim.num_envs == 8 and fixed.task.rewards.extra.weight == 0.5
+    with pytest.raises(ConfigError, match="a run keeps the task"):
+        load_run_config(tmp_path, ["task=quadruped_flat"])
+
+
+def test_bad_arguments_fail_first_with_exit_code_2(tmp_path):
+    for args, message in ((["agent.lerning_rate=1"], "agent.lerning_rate: no such key"),
+                          (["agent.max_iterations=abc"], "could not be converted to Integer"),
+                          (["sim.num_envs=0", "agent.max_iterations=-1"], "sim.num_envs=0: must be > 0\nagent.max_iterations=-1"),
+                          (["device=cuda:0"], "device=cuda:0: CUDA is not available here: use device=cpu")):
+        result = legion("train", *args, cwd=tmp_path)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()  # nothing was started
 
 
 def test_unknown_task_lists_the_valid_ones(tmp_path):
     result = legion("train", "task=quadruped_flatt", cwd=tmp_path)
     out = result.stderr + result.stdout
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert "quadruped_flatt" in out and "cartpole" in out and "quadruped_flat\n" in out
 
 
-def test_help_texts(tmp_path):
+def test_every_command_has_help(tmp_path):
     top = legion("--help", cwd=tmp_path)
     assert top.returncode == 0 and "train" in top.stdout and "play" in top.stdout and "quadruped_flat" in top.stdout
     train = legion("train", "--help", cwd=tmp_path)
     assert train.returncode == 0 and "legion train" in train.stdout and "task: cartpole, quadruped_flat" in train.stdout
-    play = legion("play", "--help", cwd=tmp_path)
-    assert play.returncode == 0 and "run=<run folder>" in play.stdout
+    for command, usage in (("play", "run=<run folder>"), ("export", "legion export run=<run folder>"),
+                           ("sim2sim", "legion sim2sim run=<run folder>"), ("randomization", "legion randomization"),
+                           ("train resume=x", "legion train resume=<run folder>")):
+        result = legion(*command.split(), "--help", cwd=tmp_path)
+        assert result.returncode == 0 and usage in result.stdout, command
 
 
 def test_multirun_then_play(tmp_path):
@@ -63,4 +129,9 @@ def test_multirun_then_play(tmp_path):
     assert len(episodes) == 3 and all("return" in e and "length" in e for e in episodes)
 
     bad = legion("play", f"run={tmp_path}", cwd=tmp_path)
-    assert bad.returncode != 0 and "not a run folder" in bad.stderr
+    assert bad.returncode == 2 and "not a run folder" in bad.stderr
+    typo = legion("play", f"run={runs[0]}", "sim.num_env=4", cwd=tmp_path)
+    assert typo.returncode == 2 and "sim.num_env" in typo.stderr
+
+    shown = legion("randomization", "task=cartpole", "sim.num_envs=4", cwd=tmp_path)
+    assert shown.returncode == 0 and "joint_pos_offset" in shown.stdout, shown.stderr[-2000:]

@@ -56,6 +56,8 @@ def test_observation_terms_and_layout(quadruped_env):
     commands = obs[:, 9:12]
     assert torch.allclose(commands, env.command.value * torch.tensor([2.0, 2.0, 0.25]))  # per-element scale
     env.noise_enabled = True
+    joint_vel = next(t for t in layout["policy"] if t["name"] == "joint_vel")
+    assert joint_vel["func"] == "joint_vel" and joint_vel["params"]["joints"] == list(range(12))  # resolved once
 
 
 def _settle(env, steps=75):
@@ -66,40 +68,37 @@ def _settle(env, steps=75):
 def test_a_standing_quadruped_earns_more_than_a_fallen_one():
     env = make_env("task=quadruped_flat", "sim.num_envs=2", "~task.terminations.base_contact")
     env.noise_enabled = False
-    env.command.value[:] = 0.0
-    env.command.steps_left[:] = 10**6
+    env.command.hold([0.0, 0.0, 0.0])
+    robot = env.robot
     # env 1 has fallen: limp (zero PD gains), dropped on its side.
-    env.sim.joint_stiffness[1] = 0.0
+    robot.joint_stiffness[1] = 0.0
     env.sim.params_changed("joint_stiffness")
-    ids = torch.tensor([1])
-    pose = env.default_root_pose[ids].clone()
-    pose[0, 2] = 0.15
-    pose[0, 3:7] = torch.tensor([math.sin(math.pi / 4), 0.0, 0.0, math.cos(math.pi / 4)])
-    env.sim.reset(ids, env.default_joint_pos[ids], torch.zeros(1, 12), pose, torch.zeros(1, 6))
+    robot.root_pos_w[1, 2] = 0.15
+    robot.root_quat_w[1] = torch.tensor([math.sin(math.pi / 4), 0.0, 0.0, math.cos(math.pi / 4)])
+    env.sim.reset(torch.tensor([1]))
     _settle(env, 50)
     total = torch.zeros(2)
     for _ in range(25):
         _, rewards, _, _ = env.step(torch.zeros(2, 12))
         total += rewards
-    assert env.sim.root_pos[0, 2] > 0.25 and env.sim.root_pos[1, 2] < 0.15
+    assert robot.root_pos_w[0, 2] > 0.25 and robot.root_pos_w[1, 2] < 0.15
     assert total[0] > total[1] + 0.1
 
 
 def test_tracking_reward_is_higher_at_the_commanded_velocity(quadruped_env):
     from legion.tasks.mdp import rewards
 
-    env = quadruped_env
+    env, robot = quadruped_env, quadruped_env.robot
+    command = env.command.value.clone()
     env.command.value[:] = torch.tensor([0.8, 0.0, 0.5])
-    root_lin_vel = env.sim.root_lin_vel.clone()
-    root_ang_vel = env.sim.root_ang_vel.clone()
-    env.sim.root_quat[:] = torch.tensor([0.0, 0.0, 0.0, 1.0])
-    env.sim.root_lin_vel[:] = torch.tensor([0.8, 0.0, 0.0])  # moving as commanded
-    env.sim.root_ang_vel[:] = torch.tensor([0.0, 0.0, 0.5])
+    root_vel = robot.root_vel_w.clone()
+    robot.root_quat_w[:] = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    robot.root_lin_vel_w[:] = torch.tensor([0.8, 0.0, 0.0])  # moving as commanded
+    robot.root_ang_vel_w[:] = torch.tensor([0.0, 0.0, 0.5])
     on_command = rewards.track_lin_vel_xy_exp(env, std=0.5), rewards.track_ang_vel_z_exp(env, std=0.5)
-    env.sim.root_lin_vel[:] = 0.0  # standing still
-    env.sim.root_ang_vel[:] = 0.0
+    robot.root_vel_w[:] = 0.0  # standing still
     off_command = rewards.track_lin_vel_xy_exp(env, std=0.5), rewards.track_ang_vel_z_exp(env, std=0.5)
-    env.sim.root_lin_vel[:], env.sim.root_ang_vel[:] = root_lin_vel, root_ang_vel
+    robot.root_vel_w[:], env.command.value[:] = root_vel, command
     assert torch.allclose(on_command[0], torch.ones(4)) and torch.allclose(on_command[1], torch.ones(4))
     assert (off_command[0] < 0.1).all() and (off_command[1] < 0.4).all()
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import compose, make_env
+from legion.configs.schema import Robot, Scene
 from legion.tasks.sim import NewtonSim
 
 QUAD = "task=quadruped_flat"
@@ -14,8 +15,19 @@ ZERO = torch.zeros(2, 12)
 def only(events: str, *overrides: str, num_envs: int = 2):
     """A quadruped env whose only event terms are ``events`` (a YAML mapping), no base-contact
     termination (robots may lie on the ground) and, by default, a 2-world sim."""
-    return make_env(QUAD, f"sim.num_envs={num_envs}", "~task.terminations.base_contact", "~task.events",
-                    f"+task.events={events}", *overrides)
+    drop = [f"~task.events.{name}" for name in compose(QUAD).task.events]
+    return make_env(QUAD, f"sim.num_envs={num_envs}", "~task.terminations.base_contact", *drop,
+                    f"++task.events={events}", *overrides)
+
+
+def place(env, root_pose: torch.Tensor) -> None:
+    """Every robot at ``root_pose`` (num_envs, 7), in the default pose, at rest."""
+    robot = env.robot
+    robot.root_pose_w[:] = root_pose
+    robot.root_vel_w[:] = 0.0
+    robot.joint_pos[:] = robot.default_joint_pos
+    robot.joint_vel[:] = 0.0
+    env.sim.reset(torch.arange(env.num_envs))
 
 
 def set_per_env(env, name: str, values: list[float]) -> None:
@@ -34,51 +46,50 @@ def all_terms_on(*overrides: str) -> list[str]:
 def test_friction_drawn_per_env_is_the_friction_in_effect():
     # The ground keeps its own friction 1.0: under MuJoCo's max rule both robots would slide
     # as if on 1.0. The robots lie on their backs (base box on the ground) and slide at 1 m/s.
-    env = only("{friction: {mode: startup, range: [0.2, 1.2]}}", "task.ground_friction=1.0")
+    env = only("{friction: {mode: startup, range: [0.2, 1.2]}}", "task.scene.ground.friction=1.0")
     set_per_env(env, "friction", [0.2, 1.2])
-    assert env.sim.shape_friction[:, 0].tolist() == pytest.approx([0.2, 1.2])
-    pose = env.default_root_pose.clone()
+    assert env.robot.shape_friction[:, 0].tolist() == pytest.approx([0.2, 1.2])
+    pose = env.robot.default_root_pose.clone()
     pose[:, 2], pose[:, 3:] = 0.06, torch.tensor([1.0, 0.0, 0.0, 0.0])  # upside down
-    env.sim.reset(torch.arange(2), env.default_joint_pos, torch.zeros(2, 12), pose, torch.zeros(2, 6))
+    place(env, pose)
     for _ in range(25):
         env.step(ZERO)
-    start = env.sim.root_pos[:, 0].clone()
-    env.sim.root_lin_vel[:, 0] = 1.0
+    start = env.robot.root_pos_w[:, 0].clone()
+    env.robot.root_lin_vel_w[:, 0] = 1.0
     for _ in range(40):
         env.step(ZERO)
-    distance = env.sim.root_pos[:, 0] - start
+    distance = env.robot.root_pos_w[:, 0] - start
     # Coulomb sliding stops after v^2 / (2 mu g): 0.255 m at mu 0.2, 0.042 m at 1.2.
     assert distance.tolist() == pytest.approx([1 / (2 * 0.2 * 9.81), 1 / (2 * 1.2 * 9.81)], rel=0.15)
-    assert env.sim.root_lin_vel[:, 0].abs().max() < 0.01  # both have stopped
+    assert env.robot.root_lin_vel_w[:, 0].abs().max() < 0.01  # both have stopped
 
 
 def test_a_heavier_base_sits_lower():
     env = only("{added_base_mass: {func: added_mass, mode: startup, range: [-1.0, 3.0], params: {bodies: base}}}")
     set_per_env(env, "added_base_mass", [-1.0, 3.0])
-    assert env.sim.body_mass[:, 0].tolist() == pytest.approx([14.0, 18.0])
-    assert env.sim.body_inertia[1, 0, 0, 0] / env.sim.body_inertia[0, 0, 0, 0] == pytest.approx(18.0 / 14.0)
+    assert env.robot.body_mass[:, 0].tolist() == pytest.approx([14.0, 18.0])
+    assert env.robot.body_inertia[1, 0, 0, 0] / env.robot.body_inertia[0, 0, 0, 0] == pytest.approx(18.0 / 14.0)
     for _ in range(75):  # 1.5 s under the same PD targets (the default pose)
         env.step(ZERO)
-    light, heavy = env.sim.root_pos[:, 2].tolist()
+    light, heavy = env.robot.root_pos_w[:, 2].tolist()
     assert light - heavy > 0.005, (light, heavy)  # kp 80: ~2.5 mm per kg
-    assert env.sim.root_lin_vel.abs().max() < 0.02  # settled, not still falling
+    assert env.robot.root_lin_vel_w.abs().max() < 0.02  # settled, not still falling
 
 
 def test_a_stiffer_joint_tracks_a_step_target_faster():
     env = only("{stiffness: {func: stiffness_scale, mode: startup, range: [0.5, 2.0]}}")
     set_per_env(env, "stiffness", [0.5, 2.0])  # kp 40 and 160
-    assert env.sim.joint_stiffness[:, 0].tolist() == pytest.approx([40.0, 160.0])
-    ids = torch.arange(2)
-    pose = env.default_root_pose.clone()
+    assert env.robot.joint_stiffness[:, 0].tolist() == pytest.approx([40.0, 160.0])
+    pose = env.robot.default_root_pose.clone()
     pose[:, 2] = 2.0  # in free fall: no load on the legs
-    env.sim.reset(ids, env.default_joint_pos, torch.zeros(2, 12), pose, torch.zeros(2, 6))
+    place(env, pose)
     step = torch.zeros(2, 12)
     step[:, 1] = 0.4  # FL thigh target +0.1 rad (action scale 0.25): 16 N m at kp 160, below the limit
-    start = env.sim.joint_pos[:, 1].clone()
+    start = env.robot.joint_pos[:, 1].clone()
     progress = []
     for _ in range(3):
         env.step(step)
-        progress.append(((env.sim.joint_pos[:, 1] - start) / 0.1).tolist())
+        progress.append(((env.robot.joint_pos[:, 1] - start) / 0.1).tolist())
     soft, stiff = zip(*progress)  # fraction of the step covered after 20, 40, 60 ms
     assert stiff[0] > 2 * soft[0], progress  # (measured: 0.67 vs 0.19)
     assert stiff[1] > 0.9 and soft[1] < 0.6, progress  # the stiff one is there after 40 ms, the soft not
@@ -89,12 +100,12 @@ def test_latency_applies_the_action_from_k_steps_earlier():
     set_per_env(env, "action_delay", [0, 1, 2, 3])
     assert env.action.delay.tolist() == [0, 1, 2, 3]
     actions = torch.randn(8, 4, 12, generator=torch.Generator().manual_seed(0))
-    scale, default = env.action.scale, env.default_joint_pos
+    scale, default = env.action.scale, env.robot.default_joint_pos
     for t in range(8):
         env.step(actions[t])
         for k in range(4):
             expected = default[k] + scale * actions[t - k, k] if t >= k else default[k]  # zeros before
-            assert torch.equal(env.sim.joint_target_pos[k], expected), (t, k)
+            assert torch.equal(env.robot.joint_pos_target[k], expected), (t, k)
         assert torch.equal(env.action.actions, actions[t])  # the policy's own, for observations
 
 
@@ -104,10 +115,10 @@ def test_a_push_changes_the_base_velocity_by_the_drawn_amount_at_the_drawn_time(
     term = env.events.terms["push"]
     due = torch.ceil(term.time_left / env.step_dt - 1e-4).long()  # control step of each env's push
     assert due.min() >= 40 and due.max() <= 60 and len(set(due.tolist())) > 1
-    velocities = [env.sim.root_lin_vel[:, :2].clone()]
+    velocities = [env.robot.root_lin_vel_w[:, :2].clone()]
     for _ in range(int(due.max())):
         env.step(torch.zeros(4, 12))
-        velocities.append(env.sim.root_lin_vel[:, :2].clone())
+        velocities.append(env.robot.root_lin_vel_w[:, :2].clone())
     jumps = torch.stack(velocities).diff(dim=0)  # (steps, envs, 2)
     pushes = term.values.view(4, 2)
     assert pushes.abs().max() <= 1.0 and pushes.abs().min() > 0.0
@@ -116,7 +127,7 @@ def test_a_push_changes_the_base_velocity_by_the_drawn_amount_at_the_drawn_time(
         assert torch.allclose(jumps[at, k], pushes[k], atol=0.01), (k, jumps[at, k], pushes[k])
         assert jumps[30:at, k].abs().max() < 0.01  # standing still until then
     # The pushed robots then move the way they were pushed.
-    moved = env.sim.root_pos[:, :2] - env.default_root_pose[:, :2]
+    moved = env.robot.root_pos_w[:, :2] - env.robot.default_root_pose[:, :2]
     early = due < due.max() - 3
     assert (torch.sign(moved[early]) == torch.sign(pushes[early])).all()
 
@@ -139,21 +150,22 @@ def test_draws_differ_across_envs_stay_in_range_reproduce_with_the_seed_and_reac
     for name in ("shape_friction", "body_mass", "joint_stiffness", "joint_armature", "gravity"):
         assert not torch.equal(getattr(graph.sim, name), getattr(other_seed.sim, name)), name
     # What was drawn is what the simulation holds.
-    sim, terms = graph.sim, graph.events.terms
-    assert torch.equal(sim.shape_friction[:, 0], terms["friction"].values[:, 0])
-    assert torch.allclose(sim.joint_stiffness, sim.defaults["joint_stiffness"] * terms["stiffness"].values)
-    assert torch.allclose(sim.joint_effort_limit, sim.defaults["joint_effort_limit"] * terms["motor_strength"].values)
-    assert torch.equal(sim.joint_armature, terms["joint_armature"].values)
+    robot, terms = graph.robot, graph.events.terms
+    assert torch.equal(robot.shape_friction[:, 0], terms["friction"].values[:, 0])
+    assert torch.allclose(robot.joint_stiffness, robot.defaults["joint_stiffness"] * terms["stiffness"].values)
+    assert torch.allclose(robot.joint_effort_limit,
+                          robot.defaults["joint_effort_limit"] * terms["motor_strength"].values)
+    assert torch.equal(robot.joint_armature, terms["joint_armature"].values)
     base_scale, base_added = terms["link_mass"].values[:, 0], terms["added_base_mass"].values[:, 0]
-    assert torch.allclose(sim.body_mass[:, 0], sim.defaults["body_mass"][:, 0] * base_scale + base_added)
+    assert torch.allclose(robot.body_mass[:, 0], robot.defaults["body_mass"][:, 0] * base_scale + base_added)
     # Every randomized parameter reaches MuJoCo Warp through the captured graph exactly as it
     # does eagerly: identical actions give bit-identical trajectories, pushes included.
     actions = torch.randn(30, 8, 12, generator=torch.Generator().manual_seed(1)) * 0.5
     for a in actions:
         graph.step(a)
         eager.step(a)
-    assert torch.equal(graph.sim._joint_q, eager.sim._joint_q)
-    assert torch.isfinite(graph.sim._joint_q).all()
+    assert torch.equal(graph.sim.joint_q, eager.sim.joint_q)
+    assert torch.isfinite(graph.sim.joint_q).all()
     assert graph.events.terms["push"].values.isfinite().all()  # pushes happened
 
 
@@ -174,7 +186,7 @@ def test_no_nan_over_2000_steps_with_every_term_at_the_edges_of_its_range():
         episodes += int(dones.sum())
         assert extras["log"]["Episode_Termination/nonfinite"] == 0.0, step
         assert torch.isfinite(obs["policy"]).all() and torch.isfinite(rewards).all(), step
-    assert torch.isfinite(env.sim._joint_q).all() and torch.isfinite(env.sim._joint_qd).all()
+    assert torch.isfinite(env.sim.joint_q).all() and torch.isfinite(env.sim.joint_qd).all()
     assert episodes > 20  # random actions topple the robots: many resets at the edges too
 
 
@@ -182,13 +194,13 @@ def test_restitution_makes_contacts_bounce(tmp_path):
     ball = tmp_path / "ball.xml"
     ball.write_text("<mujoco><worldbody><body name='ball' pos='0 0 1'><freejoint/>"
                     "<geom type='sphere' size='0.05' mass='1' solref='0.02 1'/></body></worldbody></mujoco>")
-    sim = NewtonSim(str(ball), num_envs=3, dt=0.005, decimation=1, sense_contacts=False)
-    sim.shape_restitution[:, 0] = torch.tensor([0.0, 0.3, 0.6])
+    sim = NewtonSim(Scene(robot=Robot(file=str(ball)), contact_sensing=False), num_envs=3, dt=0.005, decimation=1)
+    sim.robot.shape_restitution[:, 0] = torch.tensor([0.0, 0.3, 0.6])
     sim.params_changed("shape_restitution")
     impact, rebound = torch.zeros(3), torch.zeros(3)
     for _ in range(120):  # 0.6 s: fall 1 m, one bounce
         sim.step()
-        v = sim.root_lin_vel[:, 2]
+        v = sim.robot.root_lin_vel_w[:, 2]
         impact = torch.minimum(impact, v)
         rebound = torch.where(impact < -4.0, torch.maximum(rebound, v), rebound)
     ratio = rebound / -impact  # measured 0.11, 0.37, 0.67: MuJoCo's soft contact adds ~0.1
@@ -215,35 +227,31 @@ def test_curriculum_widens_ranges_logs_them_and_state_dict_restores_them():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("+task.events.wobble={mode: reset, range: [0, 1]}", "task.events.wobble: unknown event function 'wobble'"),
+    ("+task.events.wobble={mode: reset, range: [0, 1]}", "Unknown events term 'wobble'"),
     ("+task.events.friction.distribution=gauss", "task.events.friction: unknown distribution 'gauss'"),
+    ("task.events.friction.distribution=gauss", r"friction.distribution: not set in task.events.friction; add it with \+"),
     ("task.events.friction.range=[1.2,0.5]", r"task.events.friction.range: \[1.2, 0.5\] has low > high"),
     ("task.events.friction.range=[0.0,1.0]", r"task.events.friction.range: \[0.0, 1.0\] leaves the domain"),
     ("task.events.push.mode=startup", "task.events.push: mode 'startup' is not one of"),
-    ("~task.events.push.interval_s", "task.events.push: an interval term needs interval_s"),
-    ("+task.events.friction.rnage=[0,1]", r"task.events.friction: unknown key\(s\) \['rnage'\]"),
+    ("task.events.push.interval_s=null", "task.events.push: an interval term needs interval_s"),
+    ("+task.events.friction.rnage=[0,1]", r"task.events.friction.rnage: no such key. Valid keys .* range"),
     ("+task.events.friction.params.body=base", "task.events.friction: bad params"),
+    ("task.events.friction.params.bodies=hoof", "task.events.friction: No body name of robot matches"),
     ("+task.events.friction.curriculum={start: [1, 1], steps: 10}", "curriculum on a startup term"),
-    ("+task.reset_events={}", "task.reset_events is now part of task.events"),
+    ("+task.reset_events={}", r"task.reset_events: no such key. Valid keys of task: .*events"),
 ])
 def test_bad_event_config_is_named(override, message):
-    # Checked before the simulation is built: these fail in milliseconds.
     with pytest.raises(ValueError, match=message):
         make_env(QUAD, "sim.num_envs=2", override)
 
 
-def test_legion_randomization_prints_ranges_and_what_the_envs_hold(capsys):
-    from legion.tasks.randomization import main
+def test_legion_randomization_prints_ranges_and_what_the_envs_hold():
+    from legion.tasks.randomization import report
 
-    main([QUAD, "sim.num_envs=6", "task.events.stiffness.enabled=true"])
-    out = capsys.readouterr().out
+    out = report(make_env(QUAD, "sim.num_envs=6", "task.events.stiffness.enabled=true"))
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line and not line.startswith(("-", " "))}
     assert rows["friction"][3:5] == ["[0.5,", "1.25]"]
     low, mean, high = (float(x) for x in rows["friction"][-3:])
     assert 0.5 <= low < mean < high <= 1.25
-    assert rows["shape_friction"][1:4] == ["18", "of", "18"] and rows["joint_stiffness"][1] == "12"
+    assert rows["robot.shape_friction"][1:4] == ["18", "of", "18"] and rows["robot.joint_stiffness"][1] == "12"
     assert rows["damping"][1] == "(off)" and rows["stiffness"][1] == "startup"
-    main(["--help"])
-    assert "legion randomization" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="unknown distribution"):
-        main([QUAD, "sim.num_envs=2", "+task.events.friction.distribution=gauss"])

@@ -1,4 +1,5 @@
-"""The simulation seam: independent worlds, graph == eager, zero-copy views, contacts, errors."""
+"""The simulation seam: a scene of entities, independent worlds, graph == eager, zero-copy views,
+contacts, errors."""
 
 import threading
 
@@ -6,25 +7,29 @@ import pytest
 import torch
 import warp as wp
 
+from legion.configs.schema import Fixture, RigidObject, Robot, Scene
 from legion.tasks.sim import NewtonSim
 
-QUAD = dict(robot="quadruped.xml", dt=0.005, decimation=4)
+QUAD = dict(scene="quadruped.xml", dt=0.005, decimation=4)
 STAND_POSE = torch.tensor([0.1, 0.8, -1.5, -0.1, 0.8, -1.5, 0.1, 1.0, -1.5, -0.1, 1.0, -1.5])
 
 
 def drive(sim: NewtonSim, targets: torch.Tensor) -> None:
     """One control step per row of ``targets`` (steps, num_envs, 12)."""
     for target in targets:
-        sim.joint_target_pos[:] = target
+        sim.robot.joint_pos_target[:] = target
         sim.step()
 
 
 def stand(sim: NewtonSim, height: float = 0.33) -> None:
-    """Every world to the standing pose, targets at that pose."""
-    ids = torch.arange(sim.num_envs)
-    root = torch.tensor([0.0, 0.0, height, 0.0, 0.0, 0.0, 1.0]).repeat(sim.num_envs, 1)
-    sim.reset(ids, STAND_POSE.repeat(sim.num_envs, 1), torch.zeros(sim.num_envs, 12), root, torch.zeros(sim.num_envs, 6))
-    sim.joint_target_pos[:] = STAND_POSE
+    """Every world to the standing pose, at rest, targets at that pose."""
+    robot = sim.robot
+    robot.root_pose_w[:] = torch.tensor([0.0, 0.0, height, 0.0, 0.0, 0.0, 1.0])
+    robot.root_vel_w[:] = 0.0
+    robot.joint_pos[:] = STAND_POSE
+    robot.joint_vel[:] = 0.0
+    sim.reset(torch.arange(sim.num_envs))
+    robot.joint_pos_target[:] = STAND_POSE
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +39,13 @@ def quad_pair():
 
 
 def test_layout_comes_from_the_model(quad_pair):
-    sim = quad_pair[0]
-    assert sim.floating_base and sim.num_joints == 12
-    assert sim.joint_names[:3] == ["FL_hip_joint", "FL_thigh_joint", "FL_calf_joint"]
-    assert sim.joint_pos.shape == (4, 12) and sim.root_quat.shape == (4, 4)
-    assert sim.body_pos.shape == (4, len(sim.body_names), 3)
-    assert torch.allclose(sim.body_mass[0].sum(), torch.tensor(22.472), atol=1e-3)
-    assert sim.effort_limits.tolist() == pytest.approx([23.7, 23.7, 45.43] * 4)
+    robot = quad_pair[0].robot
+    assert robot.floating_base and robot.num_joints == 12
+    assert robot.joint_names[:3] == ["FL_hip_joint", "FL_thigh_joint", "FL_calf_joint"]
+    assert robot.joint_pos.shape == (4, 12) and robot.root_quat_w.shape == (4, 4)
+    assert robot.body_pos_w.shape == (4, len(robot.body_names), 3)
+    assert torch.allclose(robot.body_mass[0].sum(), torch.tensor(22.472), atol=1e-3)
+    assert robot.effort_limits.tolist() == pytest.approx([23.7, 23.7, 45.43] * 4)
 
 
 def test_graph_step_equals_eager_step_bit_for_bit(quad_pair):
@@ -49,15 +54,13 @@ def test_graph_step_equals_eager_step_bit_for_bit(quad_pair):
     torch.manual_seed(0)
     for sim in quad_pair:
         stand(sim)
-    for _ in range(25):
-        targets = graph.default_joint_pos * 0 + torch.randn(4, 12) * 0.3 + STAND_POSE
-        for sim in quad_pair:
-            sim.joint_target_pos[:] = targets
-            sim.step()
-    assert torch.equal(graph._joint_q, eager._joint_q)
-    assert torch.equal(graph._joint_qd, eager._joint_qd)
+    drive_both = torch.randn(25, 4, 12) * 0.3 + STAND_POSE
+    for sim in quad_pair:
+        drive(sim, drive_both)
+    assert torch.equal(graph.joint_q, eager.joint_q)
+    assert torch.equal(graph.joint_qd, eager.joint_qd)
     assert torch.equal(graph.contact_forces, eager.contact_forces)
-    assert graph._joint_qd.abs().max() > 0.1  # it really moved
+    assert graph.joint_qd.abs().max() > 0.1  # it really moved
 
 
 def test_sims_stepped_from_two_threads_take_turns(quad_pair):
@@ -82,49 +85,53 @@ def test_sims_stepped_from_two_threads_take_turns(quad_pair):
         thread.join()
     assert not errors
     graph, eager = quad_pair
-    assert torch.equal(graph._joint_q, eager._joint_q) and torch.equal(graph._joint_qd, eager._joint_qd)
-    assert graph._joint_qd.abs().max() > 0.1  # it really moved
+    assert torch.equal(graph.joint_q, eager.joint_q) and torch.equal(graph.joint_qd, eager.joint_qd)
+    assert graph.joint_qd.abs().max() > 0.1  # it really moved
 
 
 def test_views_share_memory_with_newton_state(quad_pair):
     sim = quad_pair[0]
-    assert sim.joint_pos.data_ptr() == wp.to_torch(sim.state.joint_q).data_ptr() + 7 * 4
+    robot = sim.robot
+    assert robot.joint_pos.data_ptr() == wp.to_torch(sim.state.joint_q).data_ptr() + 7 * 4
     stand(sim, height=1.0)  # written through the views only: 1 m up in the air
     assert sim.state.joint_q.numpy()[2] == pytest.approx(1.0)
     sim.step()
     # The simulator saw the write: the base is falling from 1 m, not standing at 0.33 m.
-    assert 0.95 < sim.root_pos[0, 2] < 1.0 and sim.root_lin_vel[0, 2] < -0.1
+    assert 0.95 < robot.root_pos_w[0, 2] < 1.0 and robot.root_lin_vel_w[0, 2] < -0.1
+    assert robot.root_lin_vel_b[0].tolist() == pytest.approx(robot.root_lin_vel_w[0].tolist(), abs=1e-6)  # level
 
 
 def test_a_force_in_env_0_moves_nothing_in_env_1():
     pushed, reference = (NewtonSim(num_envs=2, **QUAD) for _ in range(2))
     for sim in (pushed, reference):
         stand(sim)
-    push = torch.zeros(2, 6)
-    push[0, 0] = 300.0  # 300 N forward on env 0's base
-    pushed.apply_root_force(push)
+    pushed.robot.root_wrench_w[0, 0] = 300.0  # 300 N forward on env 0's base
     for _ in range(20):
         pushed.step()
         reference.step()
-    assert pushed.root_pos[0, 0] > reference.root_pos[0, 0] + 0.05  # env 0 was shoved
-    assert torch.equal(pushed._joint_q[1], reference._joint_q[1])  # env 1: bit-identical
-    assert torch.equal(pushed._joint_qd[1], reference._joint_qd[1])
+    assert pushed.robot.root_pos_w[0, 0] > reference.robot.root_pos_w[0, 0] + 0.05  # env 0 was shoved
+    assert torch.equal(pushed.joint_q[1], reference.joint_q[1])  # env 1: bit-identical
+    assert torch.equal(pushed.joint_qd[1], reference.joint_qd[1])
 
 
 def test_resetting_env_3_leaves_the_others_untouched(quad_pair):
     sim = quad_pair[0]
+    robot = sim.robot
     stand(sim)
     for _ in range(5):
         sim.step()
-    before_q, before_qd, before_body = sim._joint_q.clone(), sim._joint_qd.clone(), sim.body_pos.clone()
-    ids = torch.tensor([3])
-    sim.reset(ids, torch.zeros(1, 12), torch.zeros(1, 12), torch.tensor([[1.0, 2.0, 0.5, 0, 0, 0, 1.0]]), torch.zeros(1, 6))
+    before_q, before_qd, before_body = sim.joint_q.clone(), sim.joint_qd.clone(), robot.body_pos_w.clone()
+    robot.joint_pos[3] = 0.0
+    robot.joint_vel[3] = 0.0
+    robot.root_pose_w[3] = torch.tensor([1.0, 2.0, 0.5, 0, 0, 0, 1.0])
+    robot.root_vel_w[3] = 0.0
+    sim.reset(torch.tensor([3]))
     others = [0, 1, 2]
-    assert torch.equal(sim._joint_q[others], before_q[others])
-    assert torch.equal(sim._joint_qd[others], before_qd[others])
-    assert torch.equal(sim.body_pos[others], before_body[others])
-    assert sim.root_pos[3].tolist() == pytest.approx([1.0, 2.0, 0.5])
-    assert sim.body_pos[3, 0].tolist() == pytest.approx([1.0, 2.0, 0.5])  # body poses follow (FK)
+    assert torch.equal(sim.joint_q[others], before_q[others])
+    assert torch.equal(sim.joint_qd[others], before_qd[others])
+    assert torch.equal(robot.body_pos_w[others], before_body[others])
+    assert robot.root_pos_w[3].tolist() == pytest.approx([1.0, 2.0, 0.5])
+    assert robot.body_pos_w[3, 0].tolist() == pytest.approx([1.0, 2.0, 0.5])  # body poses follow (FK)
 
 
 def test_a_reset_world_forgets_its_past(quad_pair):
@@ -140,21 +147,22 @@ def test_a_reset_world_forgets_its_past(quad_pair):
         drive(sim, past[:past_steps])
         stand(sim, height=0.31)  # feet in contact from the first substep: the solver has work
         drive(sim, future)
-        futures.append((sim._joint_q.clone(), sim._joint_qd.clone()))
+        futures.append((sim.joint_q.clone(), sim.joint_qd.clone()))
     assert torch.equal(futures[0][0], futures[1][0]) and torch.equal(futures[0][1], futures[1][1])
 
 
 def test_contact_forces_carry_the_robot_weight(quad_pair):
     sim = quad_pair[0]
+    robot = sim.robot
     stand(sim)
     for _ in range(50):
         sim.step()
-    feet = sim.find_bodies(".*_foot")
-    weight = float(sim.body_mass[0].sum()) * 9.81
-    total_z = sim.contact_forces[:, :, 2].sum(dim=1)
+    feet = robot.find_bodies(".*_foot")
+    weight = float(robot.body_mass[0].sum()) * 9.81
+    total_z = robot.contact_forces_w[:, :, 2].sum(dim=1)
     assert torch.allclose(total_z, torch.full((4,), weight), rtol=0.1)
-    assert (sim.contact_forces[:, feet, 2] > 10.0).all()  # all four feet carry load
-    assert sim.contact_forces[:, sim.find_bodies("base"), :].abs().max() == 0.0
+    assert (robot.contact_forces_w[:, feet, 2] > 10.0).all()  # all four feet carry load
+    assert robot.contact_forces_w[:, robot.find_bodies("base"), :].abs().max() == 0.0
 
 
 def test_bad_model_files_give_clear_errors(tmp_path):
@@ -164,5 +172,34 @@ def test_bad_model_files_give_clear_errors(tmp_path):
     broken.write_text("<mujoco><worldbody><body name='a'><geom type='sphere' size='0.1'/></worldbody>")
     with pytest.raises(ValueError, match="Could not load robot model"):
         NewtonSim(str(broken), num_envs=1, dt=0.01, decimation=1)
-    with pytest.raises(ValueError, match="No joint name matches"):
-        NewtonSim("cartpole.xml", num_envs=1, dt=0.01, decimation=1, ground=False).find_joints("elbow")
+    with pytest.raises(ValueError, match="No joint name of robot matches"):
+        NewtonSim(Scene(robot=Robot(file="cartpole.xml"), ground=None), num_envs=1, dt=0.01,
+                  decimation=1).robot.find_joints("elbow")
+    with pytest.raises(ValueError, match=r"objects.ball.size.*sphere takes 1 positive"):
+        NewtonSim(Scene(robot=Robot(file="cartpole.xml"), objects={"ball": RigidObject(shape="sphere", size=[0.1, 0.2],
+                                                                                    mass=1.0)}),
+                  num_envs=1, dt=0.01, decimation=1)
+
+
+def test_a_scene_of_a_robot_a_free_box_and_a_table_steps_with_views_for_each():
+    """The manipulation layout: entities side by side in every world, each with its own views.
+    A 0.5 kg cube dropped onto a static table comes to rest on it, its contact force is its
+    weight, and the robot standing beside it is unaffected by it."""
+    scene = Scene(robot=Robot(file="quadruped.xml"),
+                  objects={"cube": RigidObject(size=[0.1, 0.1, 0.1], mass=0.5, pos=[1.0, 0.0, 0.6], friction=0.8)},
+                  fixtures={"table": Fixture(size=[0.4, 0.4, 0.2], pos=[1.0, 0.0, 0.1])})
+    sim = NewtonSim(scene, num_envs=2, dt=0.005, decimation=4)
+    assert list(sim.scene) == ["robot", "cube", "table"]
+    robot, cube, table = sim.robot, sim.scene["cube"], sim.scene["table"]
+    assert cube.body_mass[:, 0].tolist() == pytest.approx([0.5, 0.5])
+    assert cube.shape_friction[:, 0].tolist() == pytest.approx([0.8, 0.8]) and table.shape_friction.shape == (2, 1)
+    assert robot.joint_pos.shape == (2, 12) and sim.joint_q.shape == (2, 7 + 12 + 7)
+    cube.root_pos_w[1, 0] = 3.0  # env 1: beside the table, onto the ground
+    sim.reset(torch.tensor([1]))
+    stand(sim)
+    for _ in range(60):  # 1.2 s
+        sim.step()
+    assert cube.root_pos_w[:, 2].tolist() == pytest.approx([0.2 + 0.05, 0.05], abs=2e-3)  # on the table / the ground
+    assert cube.contact_forces_w[:, 0, 2].tolist() == pytest.approx([0.5 * 9.81] * 2, rel=0.02)
+    assert cube.root_lin_vel_w.abs().max() < 1e-2 and cube.root_quat_w[:, 3].abs().min() > 0.999
+    assert robot.root_pos_w[:, 2].min() > 0.25  # standing

@@ -16,7 +16,7 @@ import torch
 
 from conftest import ROOT, compose
 
-LEGION = [sys.executable, "-m", "legion.cli"]
+LEGION = [sys.executable, "-m", "legion"]
 
 
 def legion(*args, cwd):
@@ -28,18 +28,16 @@ def legion(*args, cwd):
 def trained(tmp_path_factory):
     """A run folder (config.yaml + model_1.pt) of a quadruped_flat policy with a non-trivial
     observation normalizer, its exported folder, and the live env and runner."""
-    from omegaconf import OmegaConf
-
+    from legion import runs
     from legion.agents.runner import Runner
-    from legion.cli import _container, make_env
     from legion.sim2real.export import export_run
 
     run = tmp_path_factory.mktemp("run")
     cfg = compose("task=quadruped_flat", "sim.num_envs=4")
-    OmegaConf.save(cfg, run / "config.yaml", resolve=True)
+    runs.save_config(cfg, run / "config.yaml")
     torch.manual_seed(0)
-    env = make_env(cfg)
-    runner = Runner(env, _container(cfg.agent), log_dir=None)
+    env = runs.make_env(cfg)
+    runner = Runner(env, runs.typed(cfg).agent, log_dir=None)
     actor = runner.ppo.get_policy()
     actor.train()
     with torch.inference_mode():
@@ -51,21 +49,18 @@ def trained(tmp_path_factory):
     runner.iteration = 1
     runner.save(run / "model_1.pt")
     env.noise_enabled = False
-    out, report = export_run(run, loaded=(cfg, env, runner, run / "model_1.pt"), steps=10)
-    return {"run": run, "out": out, "report": report, "env": env, "runner": runner, "cfg": cfg}
+    loaded = runs.LoadedRun(run, cfg, env, runner, run / "model_1.pt")
+    out, report = export_run(run, loaded=loaded, steps=10)
+    return {"run": run, "out": out, "report": report, "env": env, "runner": runner, "cfg": cfg, "loaded": loaded}
 
 
 def robot_state(env, i: int) -> dict:
     """What a robot's sensors and estimator report for world ``i``: velocities in the base frame."""
-    from legion.tasks.mdp.math import quat_rotate_inverse
-
-    sim = env.sim
-    quat = sim.root_quat[i:i + 1]
+    robot = env.robot
     return {
-        "joint_pos": sim.joint_pos[i].numpy().copy(), "joint_vel": sim.joint_vel[i].numpy().copy(),
-        "base_quat": sim.root_quat[i].numpy().copy(), "base_pos": sim.root_pos[i].numpy().copy(),
-        "base_lin_vel": quat_rotate_inverse(quat, sim.root_lin_vel[i:i + 1])[0].numpy(),
-        "base_ang_vel": quat_rotate_inverse(quat, sim.root_ang_vel[i:i + 1])[0].numpy(),
+        "joint_pos": robot.joint_pos[i].numpy().copy(), "joint_vel": robot.joint_vel[i].numpy().copy(),
+        "base_quat": robot.root_quat_w[i].numpy().copy(), "base_pos": robot.root_pos_w[i].numpy().copy(),
+        "base_lin_vel": robot.root_lin_vel_b[i].numpy(), "base_ang_vel": robot.root_ang_vel_b[i].numpy(),
         "timestamp": 0.0,
     }
 
@@ -117,31 +112,38 @@ def test_metadata_round_trip(trained):
     meta = PolicyRunner(out / "policy.onnx").metadata
     assert meta == sidecar and verification["policy.onnx"]["max_abs_diff"] <= 1e-5
 
-    sim = env.sim
-    assert meta["joint_names"] == sim.joint_names
-    assert meta["default_joint_pos"] == pytest.approx(env.default_joint_pos[0].tolist(), abs=1e-6)
+    robot = env.robot
+    assert meta["metadata_version"] == 2
+    assert meta["joint_names"] == robot.joint_names
+    assert meta["default_joint_pos"] == pytest.approx(robot.default_joint_pos[0].tolist(), abs=1e-6)
     assert meta["action"] == {"type": "joint_position", "joint_ids": list(range(12)), "scale": 0.25,
                               "offset": meta["default_joint_pos"], "clip": None}
     assert meta["joint_stiffness"] == [80.0] * 12 and meta["joint_damping"] == [2.0] * 12
     assert meta["effort_limits"] == pytest.approx([23.7, 23.7, 45.43] * 4)
-    assert np.allclose(meta["joint_limits"], sim.joint_limits.numpy(), atol=1e-6)
+    assert np.allclose(meta["joint_limits"], robot.joint_limits.numpy(), atol=1e-6)
     assert (meta["control_dt"], meta["physics_dt"], meta["decimation"]) == pytest.approx((0.02, 0.005, 4))
     layout = env.observation_layout()["policy"]
     assert [(t["name"], t["size"], t["scale"], t["clip"]) for t in meta["observation"]["terms"]] == \
         [(t["name"], t["size"], t["scale"], t["clip"]) for t in layout]
     assert meta["observation"]["size"] == 48 and not any("noise" in t for t in meta["observation"]["terms"])
-    assert meta["commands"]["lin_vel_x"] == list(cfg.task.commands.lin_vel_x)
-    # The enabled event terms: from the checkpoint's env state, else the task config.
+    assert meta["command"]["ranges"]["lin_vel_x"] == list(cfg.task.command.ranges.lin_vel_x)
+    # The enabled event terms with the ranges the env holds now.
     assert "friction" in meta["randomization"] and "restitution" not in meta["randomization"]
+    assert meta["randomization"]["friction"]["range"] == [0.5, 1.25] and meta["randomization"]["friction"]["mode"] == "startup"
+    # What sim2sim needs, from the env's resolved terms.
+    assert meta["tracking"] == {"lin_vel_xy": {"weight": 1.0, "std": 0.5}, "ang_vel_z": {"weight": 0.5, "std": 0.5}}
+    assert meta["fall"] == {"contact_bodies": ["base"], "contact_threshold": 1.0, "min_base_height": None}
     assert meta["config_sha256"] == hashlib.sha256((trained["run"] / "config.yaml").read_bytes()).hexdigest()
-    assert meta["legion_version"] == version("legion-rl")
+    import legion
+
+    assert meta["legion_version"] == legion.__version__ == version("legion-rl")
     assert meta["onnx"]["recurrent"] is None and meta["checkpoint"] == "model_1.pt"
 
 
 # --- the edge runtime against the env -------------------------------------------------------------
 def test_numpy_rotation_matches_training_math():
     from legion.sim2real.deploy import quat_rotate_inverse
-    from legion.tasks.mdp.math import quat_rotate_inverse as torch_rotate
+    from legion.tasks.math import quat_rotate_inverse as torch_rotate
 
     q = torch.nn.functional.normalize(torch.randn(64, 4), dim=-1)
     v = torch.randn(64, 3)
@@ -170,7 +172,7 @@ def test_runtime_observation_and_targets_match_env(trained):
             action_error = max(action_error, np.abs(runtime.last_action - actions[0].numpy()).max())
             obs, _, dones, _ = env.step(actions)
             assert not dones[0]
-            target_error = max(target_error, np.abs(targets - env.sim.joint_target_pos[0].numpy()).max())
+            target_error = max(target_error, np.abs(targets - env.robot.joint_pos_target[0].numpy()).max())
     assert obs_error <= 1e-5 and action_error <= 1e-5 and target_error <= 1e-5
     assert np.abs(runtime.last_action).max() > 0.05  # the comparison covered a moving last_action
 
@@ -198,7 +200,7 @@ def test_recurrent_policies_export_with_hidden_state(trained, tmp_path):
                          obs_normalization=True, rnn_type=rnn_type, rnn_hidden_dim=32, rnn_num_layers=2,
                          distribution_cfg={"class_name": "GaussianDistribution", "init_std": 1.0})
         actor.eval()
-        metadata = build_metadata(env, trained["cfg"], trained["run"], trained["run"] / "model_1.pt", actor)
+        metadata = build_metadata(trained["loaded"], actor)
         observations = sample_observations(env, actor, 6)
         report = export_policy(actor, metadata, observations, tmp_path / rnn_type)
         assert report["policy.onnx"]["max_abs_diff"] <= 1e-5 and report["policy_fp16.onnx"]["max_abs_diff"] <= 1e-2
@@ -226,7 +228,7 @@ def test_export_fails_on_a_broken_policy(trained, tmp_path):
     actor = copy.deepcopy(runner.ppo.get_policy())
     with torch.no_grad():
         actor.mlp[0].bias[0] = float("nan")
-    metadata = build_metadata(env, trained["cfg"], trained["run"], trained["run"] / "model_1.pt", actor)
+    metadata = build_metadata(trained["loaded"], actor)
     with pytest.raises(ExportError, match="onnxruntime differs from the torch policy by nan"):
         export_policy(actor, metadata, [env.get_observations()], tmp_path / "broken")
     assert not (tmp_path / "broken").exists() or not any((tmp_path / "broken").iterdir())

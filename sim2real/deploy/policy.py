@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-METADATA_VERSION = 1
+METADATA_VERSIONS = (1, 2)  # 2 adds tracking terms, fall conditions and term params
 REQUIRED_KEYS = (
     "metadata_version", "joint_names", "default_joint_pos", "action", "joint_stiffness", "joint_damping",
     "effort_limits", "joint_limits", "control_dt", "physics_dt", "decimation", "observation", "onnx",
@@ -43,7 +43,7 @@ class PolicyLoadError(RuntimeError):
 def quat_rotate_inverse(q: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Rotates vectors ``v`` (..., 3) from the world frame into the frame of ``q`` (..., 4), (x, y, z, w).
 
-    Same formula as tasks/mdp/math.py: v - w t + xyz x t with t = 2 xyz x v. Written out with
+    Same formula as tasks/math.py: v - w t + xyz x t with t = 2 xyz x v. Written out with
     plain arithmetic: np.cross on 3-vectors costs more than the whole policy inference.
     """
     q, v = np.asarray(q, np.float32), np.asarray(v, np.float32)
@@ -158,9 +158,9 @@ class OnnxPolicy:
         if missing:
             raise PolicyLoadError(f"{path} carries no legion metadata {missing}: was it written by legion export? "
                                   + hint)
-        if self.metadata["metadata_version"] != METADATA_VERSION:
+        if self.metadata["metadata_version"] not in METADATA_VERSIONS:
             raise PolicyLoadError(f"{path} has metadata version {self.metadata['metadata_version']}; "
-                                  f"this runtime reads version {METADATA_VERSION}. Update legion-rl on the robot.")
+                                  f"this runtime reads versions {METADATA_VERSIONS}. Update legion-rl on the robot.")
         self.path = path
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -239,6 +239,10 @@ class PolicyRunner:
                 raise PolicyLoadError(f"{path}: observation term '{term['name']}' (function {term['func']}) has no "
                                       f"edge-runtime version; known: {sorted(OBSERVATION_TERMS)}. "
                                       "Add it to sim2real/deploy/policy.py OBSERVATION_TERMS.")
+            joints = (term.get("params") or {}).get("joints")  # a subset of the joints (metadata version 2)
+            if joints is not None:
+                func = (lambda state, command, runner, whole=func, ids=np.asarray(joints):
+                        np.asarray(whole(state, command, runner), np.float32)[ids])
             clip = term.get("clip")
             self.terms.append((term["name"], func, term["size"], np.asarray(term["scale"], np.float32), clip))
         self.state_keys = sorted({k for t in meta["observation"]["terms"] for k in TERM_STATE_KEYS[t["func"]]})

@@ -1,24 +1,24 @@
 """Action terms: turn the policy's (num_envs, num_actions) output into joint commands.
 
-Both terms can delay actions per env (actuator latency, set by the ``action_delay`` event):
-with delay k the command applied at control step t is the one built from the action of step t-k.
-``actions`` / ``prev_actions`` stay the policy's own latest outputs (for observations and rewards).
+Both terms drive the actuated joints matching ``joints`` (``joint_ids``, in the model's order):
+``command = offset + scale * action``, with ``offset`` the default pose for position targets and
+zero for efforts. Both can delay actions per env (actuator latency, set by the ``action_delay``
+event): with delay k the command applied at control step t is the one built from the action of
+step t-k. ``actions`` / ``prev_actions`` stay the policy's own latest outputs (for observations
+and rewards).
 """
 
 import torch
 
 
 class JointPositionAction:
-    """Position-PD targets: ``target = default + scale * action``; the PD gains are the model's
-    (``joint_target_ke`` / ``joint_target_kd``), applied by the solver at every physics step."""
+    """Position-PD targets: ``target = default + scale * action``; the PD gains are the robot's
+    (``joint_stiffness`` / ``joint_damping``), applied by the solver at every physics step."""
 
-    def __init__(self, env, scale: float = 0.25, clip: float | None = None):
+    def __init__(self, env, joints: str = ".*", scale: float = 1.0, clip: float | None = None):
         self.env, self.scale, self.clip = env, scale, clip
-        self._init_buffers(env.sim.num_joints)
-
-    def _init_buffers(self, dim: int) -> None:
-        env = self.env
-        self.actions = torch.zeros(env.num_envs, dim, device=env.device)
+        self.joint_ids = torch.tensor(env.robot.find_joints(joints), dtype=torch.long, device=env.device)
+        self.actions = torch.zeros(env.num_envs, len(self.joint_ids), device=env.device)
         self.prev_actions = torch.zeros_like(self.actions)
         self.delay = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)  # control steps
         self._history = self.actions[None].clone()  # (max_delay + 1, num_envs, dim) ring buffer
@@ -28,6 +28,11 @@ class JointPositionAction:
     @property
     def dim(self) -> int:
         return self.actions.shape[1]
+
+    @property
+    def offset(self) -> torch.Tensor:
+        """(num_envs, dim): the command for a zero action (the default pose of the driven joints)."""
+        return self.env.robot.default_joint_pos[:, self.joint_ids]
 
     def set_delay(self, env_ids: torch.Tensor, delay: torch.Tensor, max_delay: int) -> None:
         """Delays the actions of ``env_ids`` by ``delay`` (k,) whole control steps, all <= ``max_delay``."""
@@ -51,14 +56,15 @@ class JointPositionAction:
         return self._history[(self._head - self.delay) % size, self._env_index]
 
     def apply(self, actions: torch.Tensor) -> None:
-        applied = self._delayed(actions)
-        self.env.sim.joint_target_pos.copy_(self.env.default_joint_pos + self.scale * applied)
+        self.env.robot.joint_pos_target[:, self.joint_ids] = self.offset + self.scale * self._delayed(actions)
 
     def applied_torque(self) -> torch.Tensor:
-        """(num_envs, num_joints) [N*m]: the PD torque, clipped to the (per-env) effort limits."""
-        sim = self.env.sim
-        torque = sim.joint_stiffness * (sim.joint_target_pos - sim.joint_pos) - sim.joint_damping * sim.joint_vel
-        return torch.clamp(torque, -sim.joint_effort_limit, sim.joint_effort_limit)
+        """(num_envs, dim) [N m]: the PD torque on the driven joints, clipped to the (per-env) effort limits."""
+        robot, ids = self.env.robot, self.joint_ids
+        torque = (robot.joint_stiffness[:, ids] * (robot.joint_pos_target[:, ids] - robot.joint_pos[:, ids])
+                  - robot.joint_damping[:, ids] * robot.joint_vel[:, ids])
+        limit = robot.joint_effort_limit[:, ids]
+        return torch.clamp(torque, -limit, limit)
 
     def reset(self, env_ids: torch.Tensor) -> None:
         self.actions[env_ids] = 0.0
@@ -67,18 +73,17 @@ class JointPositionAction:
 
 
 class JointEffortAction(JointPositionAction):
-    """Generalized forces on the selected joints: ``effort = scale * action`` [N or N*m]."""
+    """Generalized forces on the driven joints: ``effort = scale * action`` [N or N m]."""
 
-    def __init__(self, env, joints: str = ".*", scale: float = 1.0, clip: float | None = None):
-        self.env, self.scale, self.clip = env, scale, clip
-        self.joint_ids = env.sim.find_joints(joints)
-        self._init_buffers(len(self.joint_ids))
+    @property
+    def offset(self) -> torch.Tensor:
+        return torch.zeros_like(self.actions)
 
     def apply(self, actions: torch.Tensor) -> None:
-        self.env.sim.joint_effort[:, self.joint_ids] = self.scale * self._delayed(actions)
+        self.env.robot.joint_effort[:, self.joint_ids] = self.scale * self._delayed(actions)
 
     def applied_torque(self) -> torch.Tensor:
-        return self.env.sim.joint_effort
+        return self.env.robot.joint_effort[:, self.joint_ids]
 
 
 ACTIONS = {"joint_position": JointPositionAction, "joint_effort": JointEffortAction}

@@ -1,8 +1,9 @@
 """Event terms: episode starts and domain randomization, drawn per environment.
 
-A task configures them under ``task.events``, one entry per term::
+A task configures them under ``task.events``, one entry per term (schema:
+:class:`legion.configs.schema.EventTerm`)::
 
-    name: {func: <a function below; default: the entry's name>,
+    name: {func: <a function below, or "package.module:function"; default: the entry's name>,
            mode: startup | reset | interval,
            range: [low, high],                      # of the drawn value, in the term's units
            distribution: uniform | log_uniform | gaussian,   # default uniform
@@ -13,7 +14,7 @@ A task configures them under ``task.events``, one entry per term::
 
 - ``startup``: once for every env, when the env is built.
 - ``reset``: for the envs starting an episode, after the env has put them in the default state
-  (default joint pose, default root pose, zero velocities); terms run in config order, so
+  (default joint pose, default root poses, zero velocities); terms run in config order, so
   ``joint_pos_scale`` then ``joint_pos_offset`` compose.
 - ``interval``: per env, every T seconds of simulated time, T drawn from ``interval_s`` for each
   env (again after each event and at each episode start).
@@ -23,28 +24,30 @@ Distributions over ``[low, high]``: ``uniform``; ``log_uniform`` (needs low > 0)
 A curriculum moves the range linearly from ``start`` to ``range`` over ``steps`` control steps;
 :meth:`Events.set_range` is the hook for any other schedule.
 
-A term function is ``f(env, env_ids, draw, **params)``: ``draw(*shape, integer=False)`` returns
-(len(env_ids), *shape) samples of the term's current range from the env's seeded generator
-(``integer=True``: whole numbers, every one in [low, high] equally likely under ``uniform``).
-Physical parameters are written through the per-env views of ``env.sim`` relative to
-``env.sim.defaults`` (so applying a term again never compounds) and named with
-``env.sim.params_changed``; the next physics step hands them to the solver.
+A term function is ``f(env, env_ids, draw, **params)``, marked with :func:`event`:
+``draw(*shape, integer=False)`` returns (len(env_ids), *shape) samples of the term's current range
+from the env's seeded generator (``integer=True``: whole numbers, every one in [low, high] equally
+likely under ``uniform``). ``entity`` names the scene entity a term acts on (default the robot);
+``joints`` / ``bodies`` arrive as index tensors (see :mod:`legion.tasks.mdp`). Physical parameters
+are written through the entity's per-env views relative to ``entity.defaults`` (so applying a term
+again never compounds) and named with ``env.sim.params_changed``; the next physics step hands
+them to the solver.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
+import sys
 import warnings
 
 import torch
 
-from legion.tasks.mdp.math import quat_from_yaw, quat_mul
+from legion.tasks.math import quat_from_yaw, quat_mul
+from legion.tasks.mdp.terms import bind_params, find_function
 
 MODES = ("startup", "reset", "interval")
 DISTRIBUTIONS = ("uniform", "log_uniform", "gaussian")
-TERM_KEYS = ("func", "mode", "range", "distribution", "interval_s", "params", "enabled", "curriculum")
 
 
 def event(modes: tuple[str, ...] = MODES, domain: tuple[float, float] = (-math.inf, math.inf)):
@@ -61,6 +64,9 @@ def event(modes: tuple[str, ...] = MODES, domain: tuple[float, float] = (-math.i
 class EventTerm:
     """One configured event term: its function, mode, distribution and current range.
 
+    Built from a :class:`legion.configs.schema.EventTerm` once the env's scene exists (``env`` None:
+    only check the config, see :func:`legion.tasks.mdp.check`).
+
     Attributes:
         low, high: the current range (a curriculum or :meth:`Events.set_range` moves it).
         configured: the range in the config, (low, high).
@@ -69,58 +75,46 @@ class EventTerm:
         time_left: (num_envs,) [s] until each env's next interval event (interval mode only).
     """
 
-    def __init__(self, env, name: str, spec: dict):
-        where = f"task.events.{name}"
-        spec = dict(spec or {})
-        unknown = sorted(set(spec) - set(TERM_KEYS))
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; an event term takes {list(TERM_KEYS)}.")
-        func_name = spec.get("func", name)
-        func = globals().get(func_name)
-        if not hasattr(func, "event_modes"):
-            raise ValueError(f"{where}: unknown event function '{func_name}'. Available: {available()}")
-        self.env, self.name, self.func, self.where = env, name, func, where
-        self.mode = spec.get("mode", "reset")
+    def __init__(self, env, name: str, cfg):
+        where = self.where = f"task.events.{name}"
+        self.env, self.name = env, name
+        func = self.func = find_function(cfg.func or name, sys.modules[__name__], "events")
+        self.mode = cfg.mode
         if self.mode not in func.event_modes:
             raise ValueError(f"{where}: mode '{self.mode}' is not one of {list(func.event_modes)} "
-                             f"(the modes {func_name} supports; all modes: {list(MODES)}).")
-        self.distribution = spec.get("distribution", "uniform")
+                             f"(the modes {func.__name__} supports; all modes: {list(MODES)}).")
+        self.distribution = cfg.distribution
         if self.distribution not in DISTRIBUTIONS:
             raise ValueError(f"{where}: unknown distribution '{self.distribution}'; "
                              f"choose one of {list(DISTRIBUTIONS)}.")
-        if "range" not in spec:
-            raise ValueError(f"{where}: needs a range: [low, high].")
-        self.configured = self._check_range(spec["range"], "range")
+        self.configured = self._check_range(cfg.range, "range")
         self.low, self.high = self.configured
-        self.params = dict(spec.get("params") or {})
-        try:
-            inspect.signature(func).bind(env, None, None, **self.params)
-        except TypeError as e:
-            raise ValueError(f"{where}: bad params {self.params} for {func_name}: {e}") from e
-        self.enabled = bool(spec.get("enabled", True))
+        self.params = bind_params(func, cfg.params, where, leading=3, env=env)
+        self.enabled = cfg.enabled
 
         self.interval = None
         if self.mode == "interval":
-            if "interval_s" not in spec:
+            if cfg.interval_s is None:
                 raise ValueError(f"{where}: an interval term needs interval_s: [low, high] (seconds).")
-            self.interval = _pair(spec["interval_s"], f"{where}.interval_s")
+            self.interval = _pair(cfg.interval_s, f"{where}.interval_s")
             if self.interval[0] <= 0:
                 raise ValueError(f"{where}.interval_s: {list(self.interval)} must be > 0 seconds.")
-            self.time_left = torch.zeros(env.num_envs, device=env.device)
-        elif "interval_s" in spec:
+        elif cfg.interval_s is not None:
             raise ValueError(f"{where}: interval_s is for mode interval (this term's mode is {self.mode}).")
 
         self.curriculum = None
-        if spec.get("curriculum") is not None:
-            cur = dict(spec["curriculum"])
+        if cfg.curriculum is not None:
             if self.mode == "startup":
                 raise ValueError(f"{where}: a curriculum on a startup term never takes effect (startup runs once); "
                                  "use mode reset or interval.")
-            if set(cur) != {"start", "steps"} or int(cur["steps"]) <= 0:
-                raise ValueError(f"{where}.curriculum: expected {{start: [low, high], steps: N > 0}}, got {cur}.")
-            self.curriculum = (self._check_range(cur["start"], "curriculum.start"), int(cur["steps"]))
+            if cfg.curriculum.steps <= 0:
+                raise ValueError(f"{where}.curriculum.steps: {cfg.curriculum.steps} must be > 0.")
+            self.curriculum = (self._check_range(cfg.curriculum.start, "curriculum.start"), cfg.curriculum.steps)
             self.low, self.high = self.curriculum[0]
-        self.values = torch.full((env.num_envs, 1), math.nan, device=env.device)
+        if env is not None:
+            self.values = torch.full((env.num_envs, 1), math.nan, device=env.device)
+            if self.interval:
+                self.time_left = torch.zeros(env.num_envs, device=env.device)
 
     def _check_range(self, value, key: str) -> tuple[float, float]:
         low, high = _pair(value, f"{self.where}.{key}")
@@ -174,8 +168,6 @@ class EventTerm:
 class Events:
     """The task's event terms (``task.events``), applied by :class:`legion.tasks.env.LegionEnv`.
 
-    Built before the simulation (it needs only ``env.num_envs``, ``device`` and ``generator``),
-    so a bad config fails at once, naming the term.
 
     Attributes:
         terms: every configured term by name, enabled or not (disabled ones are checked, not run).
@@ -185,7 +177,7 @@ class Events:
 
     def __init__(self, env, cfg: dict):
         self.env = env
-        self.terms = {name: EventTerm(env, name, spec) for name, spec in (cfg or {}).items()}
+        self.terms = {name: EventTerm(env, name, term) for name, term in cfg.items()}
         self.step_count = 0
         self._parts: dict[str, torch.Tensor] = {}
 
@@ -260,10 +252,6 @@ class Events:
             warnings.warn(f"Saved randomization ranges of {skipped} not restored: no such enabled event term now.")
 
 
-def available() -> list[str]:
-    return sorted(name for name, f in globals().items() if hasattr(f, "event_modes"))
-
-
 def _pair(value, where: str) -> tuple[float, float]:
     try:
         low, high = (float(v) for v in value)
@@ -276,168 +264,159 @@ def _pair(value, where: str) -> tuple[float, float]:
 
 # --- episode start (mode reset): perturb the default state the env has just written ------------
 @event(modes=("reset",))
-def joint_pos_scale(env, env_ids, draw):
-    """Joint positions times U(range), per joint, clamped to the joint limits."""
-    sim = env.sim
-    pos = sim.joint_pos[env_ids] * draw(sim.num_joints)
-    sim.joint_pos[env_ids] = pos.clamp(sim.joint_limits[:, 0], sim.joint_limits[:, 1])
+def joint_pos_scale(env, env_ids, draw, joints=".*"):
+    """Positions of the selected robot joints times U(range), per joint, clamped to the joint limits."""
+    robot, ids = env.robot, joints
+    pos = robot.joint_pos[env_ids[:, None], ids] * draw(len(ids))
+    robot.joint_pos[env_ids[:, None], ids] = pos.clamp(robot.joint_limits[ids, 0], robot.joint_limits[ids, 1])
 
 
 @event(modes=("reset",))
-def joint_pos_offset(env, env_ids, draw):
-    """Joint positions plus U(range) [rad or m], per joint, clamped to the joint limits."""
-    sim = env.sim
-    pos = sim.joint_pos[env_ids] + draw(sim.num_joints)
-    sim.joint_pos[env_ids] = pos.clamp(sim.joint_limits[:, 0], sim.joint_limits[:, 1])
+def joint_pos_offset(env, env_ids, draw, joints=".*"):
+    """Positions of the selected robot joints plus U(range) [rad or m], per joint, clamped to the limits."""
+    robot, ids = env.robot, joints
+    pos = robot.joint_pos[env_ids[:, None], ids] + draw(len(ids))
+    robot.joint_pos[env_ids[:, None], ids] = pos.clamp(robot.joint_limits[ids, 0], robot.joint_limits[ids, 1])
 
 
 @event(modes=("reset",))
-def joint_vel(env, env_ids, draw):
-    """Joint velocities U(range) [rad/s or m/s], per joint."""
-    env.sim.joint_vel[env_ids] = draw(env.sim.num_joints)
+def joint_vel(env, env_ids, draw, joints=".*"):
+    """Velocities of the selected robot joints U(range) [rad/s or m/s], per joint."""
+    env.robot.joint_vel[env_ids[:, None], joints] = draw(len(joints))
 
 
 @event(modes=("reset",))
-def root_yaw(env, env_ids, draw):
-    """Base turned about the world z axis by U(range) [rad]."""
-    sim = _floating(env, "root_yaw")
-    sim.root_quat[env_ids] = quat_mul(quat_from_yaw(draw()), sim.root_quat[env_ids])
+def root_yaw(env, env_ids, draw, entity: str = "robot"):
+    """The entity's root turned about the world z axis by U(range) [rad]."""
+    root = _floating(env, entity, "root_yaw")
+    root.root_quat_w[env_ids] = quat_mul(quat_from_yaw(draw()), root.root_quat_w[env_ids])
 
 
 @event(modes=("reset",))
-def root_xy(env, env_ids, draw):
-    """Base moved by U(range) [m] along world x and y."""
-    sim = _floating(env, "root_xy")
-    sim.root_pos[env_ids, :2] += draw(2)
+def root_xy(env, env_ids, draw, entity: str = "robot"):
+    """The entity's root moved by U(range) [m] along world x and y."""
+    _floating(env, entity, "root_xy").root_pos_w[env_ids, :2] += draw(2)
 
 
 @event(modes=("reset",))
-def root_vel(env, env_ids, draw):
-    """Base linear and angular velocity, each component U(range) [m/s, rad/s], world frame."""
-    sim = _floating(env, "root_vel")
-    velocity = draw(6)
-    sim.root_lin_vel[env_ids] = velocity[:, :3]
-    sim.root_ang_vel[env_ids] = velocity[:, 3:]
+def root_vel(env, env_ids, draw, entity: str = "robot"):
+    """The entity's root linear and angular velocity, each component U(range) [m/s, rad/s], world frame."""
+    _floating(env, entity, "root_vel").root_vel_w[env_ids] = draw(6)
 
 
 @event(modes=("reset", "interval"))
-def push_base(env, env_ids, draw):
-    """A push: the base's world-frame x and y velocity change by U(range) [m/s] each."""
-    sim = _floating(env, "push_base")
-    sim.root_lin_vel[env_ids, :2] += draw(2)
+def push_base(env, env_ids, draw, entity: str = "robot"):
+    """A push: the root's world-frame x and y velocity change by U(range) [m/s] each."""
+    _floating(env, entity, "push_base").root_lin_vel_w[env_ids, :2] += draw(2)
 
 
-def _floating(env, name: str):
-    if not env.sim.floating_base:
-        raise ValueError(f"Event function {name} needs a floating-base robot; {env.cfg['robot']} has a fixed base.")
-    return env.sim
+def _floating(env, entity: str, name: str):
+    root = env.scene[entity]
+    if not getattr(root, "floating_base", False):
+        raise ValueError(f"Event function {name} needs a free root; {entity} has none.")
+    return root
 
 
 # --- contact material ------------------------------------------------------------------------
 @event(domain=(0.01, math.inf))
-def friction(env, env_ids, draw, bodies: str = ".*"):
+def friction(env, env_ids, draw, entity: str = "robot", bodies=".*"):
     """Friction coefficient U(range) of every shape of the selected bodies, one value per env.
-    The robot's own value is the one in effect against the ground (see :mod:`legion.tasks.sim`)."""
-    shapes = _shapes(env, bodies)
-    env.sim.shape_friction[env_ids[:, None], shapes] = draw(1)
+    The entity's own value is the one in effect against the ground (see :mod:`legion.tasks.sim`)."""
+    target = env.scene[entity]
+    target.shape_friction[env_ids[:, None], _shapes(target, bodies)] = draw(1)
     env.sim.params_changed("shape_friction")
 
 
 @event(domain=(0.0, 0.6))
-def restitution(env, env_ids, draw, bodies: str = ".*"):
+def restitution(env, env_ids, draw, entity: str = "robot", bodies=".*"):
     """Coefficient of restitution U(range) of the selected bodies' shapes, one value per env.
     Above ~0.6 MuJoCo's soft contacts gain energy at 5 ms steps, hence the domain."""
-    shapes = _shapes(env, bodies)
-    env.sim.shape_restitution[env_ids[:, None], shapes] = draw(1)
+    target = env.scene[entity]
+    target.shape_restitution[env_ids[:, None], _shapes(target, bodies)] = draw(1)
     env.sim.params_changed("shape_restitution")
 
 
-def _shapes(env, bodies: str) -> torch.Tensor:
-    body_ids = torch.tensor(env.sim.find_bodies(bodies), device=env.device)
-    return torch.isin(env.sim.shape_body, body_ids).nonzero().squeeze(-1)
+def _shapes(entity, bodies: torch.Tensor) -> torch.Tensor:
+    return torch.isin(entity.shape_body, bodies).nonzero().squeeze(-1)
 
 
 # --- mass properties -------------------------------------------------------------------------
 @event()
-def added_mass(env, env_ids, draw, bodies: str = "base"):
+def added_mass(env, env_ids, draw, entity: str = "robot", bodies="base"):
     """Mass of each selected body plus U(range) [kg] (inertia scaled with it)."""
-    ids = env.sim.find_bodies(bodies)
-    env.events.part("body_mass_added", env.sim.body_mass, 0.0)[env_ids[:, None], ids] = draw(len(ids))
-    _write_mass(env, env_ids)
+    target = env.scene[entity]
+    env.events.part(f"{entity}.body_mass_added", target.body_mass, 0.0)[env_ids[:, None], bodies] = draw(len(bodies))
+    _write_mass(env, target, env_ids)
 
 
 @event(domain=(0.0, math.inf))
-def mass_scale(env, env_ids, draw, bodies: str = ".*"):
+def mass_scale(env, env_ids, draw, entity: str = "robot", bodies=".*"):
     """Mass of each selected body times U(range), per body (inertia scaled with it)."""
-    ids = env.sim.find_bodies(bodies)
-    env.events.part("body_mass_scale", env.sim.body_mass, 1.0)[env_ids[:, None], ids] = draw(len(ids))
-    _write_mass(env, env_ids)
+    target = env.scene[entity]
+    env.events.part(f"{entity}.body_mass_scale", target.body_mass, 1.0)[env_ids[:, None], bodies] = draw(len(bodies))
+    _write_mass(env, target, env_ids)
 
 
-def _write_mass(env, env_ids):
+def _write_mass(env, target, env_ids):
     """mass = default * scale + added, at least 10% of the default; the inertia tensor follows
     the mass (same shape, same density distribution)."""
-    sim, events = env.sim, env.events
-    default = sim.defaults["body_mass"][env_ids]
-    scale = events.part("body_mass_scale", sim.body_mass, 1.0)[env_ids]
-    added = events.part("body_mass_added", sim.body_mass, 0.0)[env_ids]
-    mass = default * scale + added
-    mass = torch.maximum(mass, 0.1 * default)
-    sim.body_mass[env_ids] = mass
+    events, name = env.events, target.name
+    default = target.defaults["body_mass"][env_ids]
+    scale = events.part(f"{name}.body_mass_scale", target.body_mass, 1.0)[env_ids]
+    added = events.part(f"{name}.body_mass_added", target.body_mass, 0.0)[env_ids]
+    mass = torch.maximum(default * scale + added, 0.1 * default)
+    target.body_mass[env_ids] = mass
     ratio = mass / default.clamp(min=1e-9)
-    sim.body_inertia[env_ids] = sim.defaults["body_inertia"][env_ids] * ratio[..., None, None]
-    sim.params_changed("body_mass", "body_inertia")
+    target.body_inertia[env_ids] = target.defaults["body_inertia"][env_ids] * ratio[..., None, None]
+    env.sim.params_changed("body_mass", "body_inertia")
 
 
 @event()
-def com_offset(env, env_ids, draw, bodies: str = "base"):
+def com_offset(env, env_ids, draw, entity: str = "robot", bodies="base"):
     """Centre of mass of each selected body moved by U(range) [m] along each body axis."""
-    sim = env.sim
-    ids = sim.find_bodies(bodies)
-    sim.body_com[env_ids[:, None], ids] = sim.defaults["body_com"][env_ids[:, None], ids] + draw(len(ids), 3)
-    sim.params_changed("body_com")
+    target = env.scene[entity]
+    rows = env_ids[:, None]
+    target.body_com[rows, bodies] = target.defaults["body_com"][rows, bodies] + draw(len(bodies), 3)
+    env.sim.params_changed("body_com")
 
 
 # --- actuators and joints --------------------------------------------------------------------
-def _scale_joint_param(env, env_ids, draw, name: str, joints: str):
-    sim = env.sim
-    ids = sim.find_joints(joints)
-    getattr(sim, name)[env_ids[:, None], ids] = sim.defaults[name][env_ids[:, None], ids] * draw(len(ids))
-    sim.params_changed(name)
+def _scale_joint_param(env, env_ids, draw, name: str, joints: torch.Tensor):
+    robot, rows = env.robot, env_ids[:, None]
+    getattr(robot, name)[rows, joints] = robot.defaults[name][rows, joints] * draw(len(joints))
+    env.sim.params_changed(name)
 
 
 @event(domain=(0.0, math.inf))
-def stiffness_scale(env, env_ids, draw, joints: str = ".*"):
+def stiffness_scale(env, env_ids, draw, joints=".*"):
     """PD stiffness of each selected joint times U(range), per joint."""
     _scale_joint_param(env, env_ids, draw, "joint_stiffness", joints)
 
 
 @event(domain=(0.0, math.inf))
-def damping_scale(env, env_ids, draw, joints: str = ".*"):
+def damping_scale(env, env_ids, draw, joints=".*"):
     """PD damping of each selected joint times U(range), per joint."""
     _scale_joint_param(env, env_ids, draw, "joint_damping", joints)
 
 
 @event(domain=(0.01, math.inf))
-def effort_limit_scale(env, env_ids, draw, joints: str = ".*"):
+def effort_limit_scale(env, env_ids, draw, joints=".*"):
     """Motor strength: the torque limit of each selected joint times U(range), per joint (it
     clamps the PD torque of position actuators; feed-forward efforts are not clamped)."""
     _scale_joint_param(env, env_ids, draw, "joint_effort_limit", joints)
 
 
 @event(domain=(0.0, math.inf))
-def joint_friction(env, env_ids, draw, joints: str = ".*"):
+def joint_friction(env, env_ids, draw, joints=".*"):
     """Dry friction loss U(range) [N m] of each selected joint, per joint."""
-    ids = env.sim.find_joints(joints)
-    env.sim.joint_friction[env_ids[:, None], ids] = draw(len(ids))
+    env.robot.joint_friction[env_ids[:, None], joints] = draw(len(joints))
     env.sim.params_changed("joint_friction")
 
 
 @event(domain=(0.0, math.inf))
-def joint_armature(env, env_ids, draw, joints: str = ".*"):
+def joint_armature(env, env_ids, draw, joints=".*"):
     """Armature (reflected rotor inertia) U(range) [kg m^2] of each selected joint, per joint."""
-    ids = env.sim.find_joints(joints)
-    env.sim.joint_armature[env_ids[:, None], ids] = draw(len(ids))
+    env.robot.joint_armature[env_ids[:, None], joints] = draw(len(joints))
     env.sim.params_changed("joint_armature")
 
 

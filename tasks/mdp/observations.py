@@ -1,40 +1,43 @@
-"""Observation terms: ``f(env, **params) -> (num_envs, D)`` float32."""
+"""Observation terms: ``f(env, **params) -> (num_envs, D)`` float32.
+
+``joints`` / ``bodies`` arrive as index tensors (see :mod:`legion.tasks.mdp`). The edge runtime
+(``legion.sim2real.deploy.policy``) computes the robot-state terms again from sensor data, by
+these function names: a term added here that a policy on a robot needs is added there too.
+"""
 
 import torch
 
-from legion.tasks.mdp.math import quat_rotate_inverse
 
-
-def joint_pos_rel(env) -> torch.Tensor:
+def joint_pos_rel(env, joints=".*") -> torch.Tensor:
     """Joint positions relative to the default pose [rad or m]."""
-    return env.sim.joint_pos - env.default_joint_pos
+    robot = env.robot
+    return robot.joint_pos[:, joints] - robot.default_joint_pos[:, joints]
 
 
-def joint_vel(env) -> torch.Tensor:
+def joint_vel(env, joints=".*") -> torch.Tensor:
     """Joint velocities [rad/s or m/s]."""
-    return env.sim.joint_vel
+    return env.robot.joint_vel[:, joints]
 
 
 def base_lin_vel(env) -> torch.Tensor:
     """Base linear velocity in the base frame [m/s]."""
-    return quat_rotate_inverse(env.sim.root_quat, env.sim.root_lin_vel)
+    return env.robot.root_lin_vel_b
 
 
 def base_ang_vel(env) -> torch.Tensor:
     """Base angular velocity in the base frame [rad/s]."""
-    return quat_rotate_inverse(env.sim.root_quat, env.sim.root_ang_vel)
+    return env.robot.root_ang_vel_b
 
 
 def projected_gravity(env) -> torch.Tensor:
     """Unit gravity direction in the base frame: (0, 0, -1) when level under vertical gravity
     (each env's own gravity, which the ``gravity_tilt`` event may tilt)."""
-    gravity = env.sim.gravity
-    return quat_rotate_inverse(env.sim.root_quat, gravity / gravity.norm(dim=-1, keepdim=True))
+    return env.robot.projected_gravity_b
 
 
 def base_height(env) -> torch.Tensor:
     """Base height above the ground [m] (a privileged, critic-only term on rough terrain)."""
-    return env.sim.root_pos[:, 2:3]
+    return env.robot.root_pos_w[:, 2:3]
 
 
 def velocity_commands(env) -> torch.Tensor:

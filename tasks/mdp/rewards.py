@@ -2,8 +2,6 @@
 
 import torch
 
-from legion.tasks.mdp.observations import base_ang_vel, base_lin_vel, projected_gravity
-
 
 def is_alive(env) -> torch.Tensor:
     """1 for every step that does not end in a failure."""
@@ -15,35 +13,36 @@ def is_terminated(env) -> torch.Tensor:
     return env.terminated.float()
 
 
-def joint_pos_target_l2(env, joints: str, target: float = 0.0) -> torch.Tensor:
+def joint_pos_target_l2(env, joints, target: float = 0.0) -> torch.Tensor:
     """Squared distance of the selected joints from ``target`` [rad^2]."""
-    ids = env.sim.find_joints(joints)
-    return torch.sum(torch.square(env.sim.joint_pos[:, ids] - target), dim=1)
+    return torch.sum(torch.square(env.robot.joint_pos[:, joints] - target), dim=1)
 
 
-def joint_vel_l1(env, joints: str = ".*") -> torch.Tensor:
-    ids = env.sim.find_joints(joints)
-    return torch.sum(torch.abs(env.sim.joint_vel[:, ids]), dim=1)
+def joint_vel_l1(env, joints=".*") -> torch.Tensor:
+    """Sum of |joint velocity| of the selected joints [rad/s]."""
+    return torch.sum(torch.abs(env.robot.joint_vel[:, joints]), dim=1)
 
 
 def track_lin_vel_xy_exp(env, std: float) -> torch.Tensor:
     """exp(-|v_xy,cmd - v_xy|^2 / std^2), base frame."""
-    error = torch.sum(torch.square(env.command.value[:, :2] - base_lin_vel(env)[:, :2]), dim=1)
+    error = torch.sum(torch.square(env.command.value[:, :2] - env.robot.root_lin_vel_b[:, :2]), dim=1)
     return torch.exp(-error / std**2)
 
 
 def track_ang_vel_z_exp(env, std: float) -> torch.Tensor:
     """exp(-(yaw_rate_cmd - yaw_rate)^2 / std^2)."""
-    error = torch.square(env.command.value[:, 2] - base_ang_vel(env)[:, 2])
+    error = torch.square(env.command.value[:, 2] - env.robot.root_ang_vel_b[:, 2])
     return torch.exp(-error / std**2)
 
 
 def lin_vel_z_l2(env) -> torch.Tensor:
-    return torch.square(base_lin_vel(env)[:, 2])
+    """Squared vertical base velocity, base frame [m^2/s^2]."""
+    return torch.square(env.robot.root_lin_vel_b[:, 2])
 
 
 def ang_vel_xy_l2(env) -> torch.Tensor:
-    return torch.sum(torch.square(base_ang_vel(env)[:, :2]), dim=1)
+    """Squared roll and pitch rates, base frame [rad^2/s^2]."""
+    return torch.sum(torch.square(env.robot.root_ang_vel_b[:, :2]), dim=1)
 
 
 def flat_orientation_l2(env) -> torch.Tensor:
@@ -52,31 +51,30 @@ def flat_orientation_l2(env) -> torch.Tensor:
     For small tilts this is Isaac Lab's term (the horizontal part of gravity squared); unlike
     that term it does not vanish for a robot lying on its back (there it is 4).
     """
-    gravity = projected_gravity(env)
+    gravity = env.robot.projected_gravity_b
     return gravity[:, 0] ** 2 + gravity[:, 1] ** 2 + (gravity[:, 2] + 1.0) ** 2
 
 
 def joint_torques_l2(env) -> torch.Tensor:
-    """Squared PD torques the actuators apply [N^2 m^2]."""
+    """Squared torques the actuators apply [N^2 m^2]."""
     return torch.sum(torch.square(env.action.applied_torque()), dim=1)
 
 
 def action_rate_l2(env) -> torch.Tensor:
+    """Squared change of the policy's action since the previous step."""
     return torch.sum(torch.square(env.action.actions - env.action.prev_actions), dim=1)
 
 
-def feet_air_time(env, bodies: str, threshold: float = 0.5, min_command: float = 0.1) -> torch.Tensor:
+def feet_air_time(env, bodies, threshold: float = 0.5, min_command: float = 0.1) -> torch.Tensor:
     """legged_gym's reward for long steps: sum over feet of (air time - threshold) at touchdown.
 
     Zero while the command is (nearly) stand still, so standing robots are not pushed to step.
     """
-    ids = env.sim.find_bodies(bodies)
     contacts = env.contacts
-    reward = torch.sum((contacts.last_air_time[:, ids] - threshold) * contacts.first_contact[:, ids], dim=1)
+    reward = torch.sum((contacts.last_air_time[:, bodies] - threshold) * contacts.first_contact[:, bodies], dim=1)
     return reward * (torch.norm(env.command.value[:, :2], dim=1) > min_command)
 
 
-def undesired_contacts(env, bodies: str, threshold: float = 1.0) -> torch.Tensor:
+def undesired_contacts(env, bodies, threshold: float = 1.0) -> torch.Tensor:
     """Number of the selected bodies touching something with more than ``threshold`` newtons."""
-    ids = env.sim.find_bodies(bodies)
-    return torch.sum(torch.norm(env.sim.contact_forces[:, ids], dim=-1) > threshold, dim=1).float()
+    return torch.sum(torch.norm(env.robot.contact_forces_w[:, bodies], dim=-1) > threshold, dim=1).float()

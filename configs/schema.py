@@ -1,0 +1,329 @@
+"""Typed schemas of every config node: the YAML files in this folder are checked against them.
+
+Registered in Hydra's ConfigStore (:func:`register`) as ``legion_train``, the first entry of
+``train.yaml``'s defaults, so the YAML files and the command line are merged into these
+dataclasses: a misspelt key fails while the config is composed, naming the key and the valid
+ones, and a value of the wrong type fails there too. Every default lives here, once; the YAML
+files set only what a task, an agent or a solver changes.
+
+Named entries (reward terms, event terms, objects, ...) are declared ``dict[str, Any]`` with the
+entry's dataclass in the field's metadata (:func:`entries`), and :func:`typed` checks and
+converts each entry: OmegaConf cannot assign a new entry to a dict of dataclasses, and these
+are the sections users add to and remove from on the command line (``+task.rewards.x={...}``,
+``~task.events.push``). Term functions take their keyword arguments from ``params``, checked
+against the function's signature when the env is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+def entries(kind: type, depth: int = 1):
+    """A field of named entries of dataclass ``kind`` (``depth`` 2: groups of named entries)."""
+    return field(default_factory=dict, metadata={"entries": kind, "depth": depth})
+
+
+# --- the scene: what each simulated world holds --------------------------------------------------
+@dataclass
+class Robot:
+    """The articulated robot, entity ``robot`` of the scene."""
+
+    file: str = MISSING  # MJCF (.xml), URDF or USD model: a path, or a file name in legion/tasks/assets
+    root_height: Optional[float] = None  # floating base: initial base height [m] (None: the model's)
+    joint_pos: dict[str, float] = field(default_factory=dict)  # default pose, joint-name regex -> [rad or m]
+
+
+@dataclass
+class Ground:
+    """The ground all worlds share: a plane, or a generated terrain (``terrain``)."""
+
+    friction: float = 1.0  # sliding friction coefficient (robot shapes take contact priority)
+
+
+@dataclass
+class RigidObject:
+    """A free rigid body in every world (e.g. a cube to lift)."""
+
+    shape: str = "box"  # box | sphere | capsule | cylinder
+    size: list[float] = MISSING  # box: edge lengths [x, y, z]; sphere: [radius]; capsule, cylinder: [radius, length] [m]
+    mass: float = MISSING  # [kg]
+    friction: float = 1.0
+    pos: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # initial position, env frame [m]
+    quat: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 1.0])  # initial orientation (x, y, z, w)
+
+
+@dataclass
+class Fixture:
+    """Static geometry in every world (e.g. a table): collides, never moves."""
+
+    shape: str = "box"
+    size: list[float] = MISSING
+    friction: float = 1.0
+    pos: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    quat: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 1.0])
+
+
+@dataclass
+class Scene:
+    robot: Robot = field(default_factory=Robot)
+    ground: Optional[Ground] = field(default_factory=Ground)  # null: no ground (e.g. cart-pole)
+    objects: dict[str, Any] = entries(RigidObject)  # name -> RigidObject
+    fixtures: dict[str, Any] = entries(Fixture)  # name -> Fixture
+    contact_sensing: bool = True  # net contact force per body after each control step (sim=mujoco)
+
+
+# --- MDP terms -------------------------------------------------------------------------------------
+# ``func``: a function of legion.tasks.mdp.<kind>, or "package.module:function" for a task's own
+# term; default: the entry's name. Parameters named ``joints`` / ``bodies`` are name patterns,
+# resolved once to indices when the env is built; ``entity`` names a scene entity (default robot).
+@dataclass
+class ObservationTerm:
+    func: Optional[str] = None
+    params: dict[str, Any] = field(default_factory=dict)
+    scale: Any = 1.0  # one factor, or one per element
+    noise: float = 0.0  # uniform noise half-width in the term's units (training only)
+    clip: Optional[float] = None  # clip to [-clip, clip] before scaling
+
+
+@dataclass
+class RewardTerm:
+    func: Optional[str] = None
+    params: dict[str, Any] = field(default_factory=dict)
+    weight: float = 1.0  # the env multiplies by weight * control dt; 0 drops the term
+
+
+@dataclass
+class TerminationTerm:
+    func: Optional[str] = None
+    params: dict[str, Any] = field(default_factory=dict)
+    time_out: bool = False  # a time-out (bootstrapped by PPO), not a failure
+
+
+@dataclass
+class Curriculum:
+    start: list[float] = MISSING  # [low, high] at step 0 ...
+    steps: int = MISSING  # ... moving linearly to the term's range over this many control steps
+
+
+@dataclass
+class EventTerm:
+    """Episode starts and domain randomization (legion/tasks/mdp/events.py)."""
+
+    func: Optional[str] = None
+    mode: str = "reset"  # startup (once) | reset (each episode start) | interval (every interval_s)
+    range: list[float] = MISSING  # [low, high] of the drawn value, in the term's units
+    distribution: str = "uniform"  # uniform | log_uniform | gaussian
+    interval_s: Optional[list[float]] = None  # interval mode: [low, high] seconds between events
+    params: dict[str, Any] = field(default_factory=dict)
+    enabled: bool = True
+    curriculum: Optional[Curriculum] = None
+
+
+@dataclass
+class Action:
+    type: str = "joint_position"  # joint_position: targets = default + scale * action | joint_effort
+    joints: str = ".*"  # the actuated joints this action drives (regex)
+    scale: float = 1.0
+    clip: Optional[float] = None  # clip the policy's output to [-clip, clip]
+
+
+@dataclass
+class Command:
+    """What the policy is asked to do, resampled per env every ``resampling_time_s``."""
+
+    type: str = "velocity"  # velocity: base (v_x, v_y, yaw rate)
+    ranges: dict[str, list[float]] = field(default_factory=dict)  # per component: [low, high]
+    resampling_time_s: float = 10.0
+    standing_fraction: float = 0.0  # velocity: share of exactly-zero commands
+
+
+@dataclass
+class Task:
+    name: str = MISSING
+    scene: Scene = field(default_factory=Scene)
+    episode_length_s: float = MISSING
+    action: Action = field(default_factory=Action)
+    command: Optional[Command] = None
+    observations: dict[str, Any] = entries(ObservationTerm, depth=2)  # group -> name -> ObservationTerm
+    rewards: dict[str, Any] = entries(RewardTerm)  # name -> RewardTerm
+    only_positive_rewards: bool = False  # clip each step's total at 0 (legged_gym)
+    terminations: dict[str, Any] = entries(TerminationTerm)  # name -> TerminationTerm
+    events: dict[str, Any] = entries(EventTerm)  # name -> EventTerm
+
+
+# --- physics ---------------------------------------------------------------------------------------
+@dataclass
+class Sim:
+    solver: str = "mujoco"  # mujoco: SolverMuJoCo on MuJoCo Warp | xpbd (no contact sensing)
+    num_envs: int = 4096
+    dt: float = 0.005  # physics step [s]
+    decimation: int = 4  # physics steps per control step
+    use_graph: bool = True  # capture the decimated step as one Warp graph (CPU and CUDA)
+    solver_options: dict[str, Any] = field(default_factory=dict)  # the solver constructor's keywords
+
+
+# --- learning (rsl-rl's PPO; defaults as rsl-rl / legged_gym) ----------------------------------------
+@dataclass
+class Network:
+    hidden_dims: list[int] = field(default_factory=lambda: [512, 256, 128])
+    activation: str = "elu"
+    obs_normalization: bool = True
+
+
+@dataclass
+class Actor(Network):
+    init_noise_std: float = 1.0
+
+
+@dataclass
+class Algorithm:
+    """rsl-rl's ``PPO`` keyword arguments."""
+
+    num_learning_epochs: int = 5
+    num_mini_batches: int = 4
+    learning_rate: float = 1.0e-3
+    schedule: str = "adaptive"  # adaptive (KL-driven) | fixed
+    desired_kl: float = 0.01
+    gamma: float = 0.99
+    lam: float = 0.95
+    clip_param: float = 0.2
+    value_loss_coef: float = 1.0
+    use_clipped_value_loss: bool = True
+    entropy_coef: float = 0.01
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class VTrace:
+    """Async, lag > 0: truncation of the importance weights (legion/agents/ppo.py)."""
+
+    rho_clip: float = 1.0
+    c_clip: float = 1.0
+
+
+@dataclass
+class Agent:
+    mode: str = "sync"  # sync: collect, then update | async: collect rollout k+1 while updating on k
+    max_policy_lag: int = 1  # async: samples at most this many updates old (0: equals sync)
+    vtrace: VTrace = field(default_factory=VTrace)
+    max_iterations: Optional[int] = 1500  # null: until stopped
+    num_steps_per_env: int = 24
+    save_interval: int = 50  # checkpoint every N iterations (and at the end)
+    save_every_minutes: Optional[float] = 10.0  # ... and every N minutes (null: off)
+    keep_last: Optional[int] = 10  # checkpoints kept: the newest N (null: all) ...
+    keep_every: Optional[int] = None  # ... plus every N-th iteration's
+    log_interval: int = 1  # progress line every N iterations
+    actor: Actor = field(default_factory=Actor)
+    critic: Network = field(default_factory=Network)
+    algorithm: Algorithm = field(default_factory=Algorithm)
+
+
+@dataclass
+class Train:
+    """The root: ``legion train`` composes configs/train.yaml into this."""
+
+    task: Task = field(default_factory=Task)
+    sim: Sim = field(default_factory=Sim)
+    agent: Agent = field(default_factory=Agent)
+    seed: int = 42
+    device: str = "cpu"  # "cpu" or "cuda:N": simulation, policy and learner share it
+    run_name: str = ""  # appended to the run folder's name
+
+
+def register() -> None:
+    """Stores the root schema in Hydra's ConfigStore as ``legion_train`` (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="legion_train", node=Train)
+
+
+class SchemaError(ValueError):
+    """A key the schema does not know, or a value of the wrong type; names the key and the valid ones."""
+
+
+def typed(cfg) -> Train:
+    """A composed config (an OmegaConf node or a plain dict) as checked :class:`Train` dataclasses."""
+    from omegaconf import DictConfig, OmegaConf
+
+    try:
+        # A plain container: a DictConfig keeps keys Hydra added with `+` (under open_dict) through a merge.
+        plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+        root = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Train), plain))
+    except Exception as e:
+        raise SchemaError(describe(e)) from None
+    _type_entries(root, "")
+    return root
+
+
+def _type_entries(node, path: str) -> None:
+    from omegaconf import OmegaConf
+
+    for f in dataclasses.fields(node):
+        value, where = getattr(node, f.name), f"{path}{f.name}"
+        kind = f.metadata.get("entries")
+        if kind is not None:
+            groups = value.items() if f.metadata["depth"] == 2 else [(None, value)]
+            for group, items in groups:
+                prefix = f"{where}.{group}." if group is not None else f"{where}."
+                if not isinstance(items, dict):
+                    raise SchemaError(f"{prefix[:-1]}: expected a mapping of named entries, got {items!r}")
+                for name, entry in list(items.items()):
+                    try:
+                        items[name] = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind), entry or {}))
+                    except Exception as e:
+                        raise SchemaError(describe(e, f"{prefix}{name}.", kind)) from None
+        elif dataclasses.is_dataclass(value):
+            _type_entries(value, f"{where}.")
+
+
+def describe(error: Exception, prefix: str = "", node: type = None) -> str:
+    """One message for an OmegaConf error: the full key, what is wrong, and the valid keys where
+    a key was not found. ``prefix``/``node``: the path and schema of the entry being checked."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue
+
+    cause = error
+    while cause is not None and getattr(cause, "full_key", None) is None:
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return str(error).strip()
+    key = f"{prefix}{cause.full_key}"
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+        parent, _, leaf = key.rpartition(".")
+        keys = keys_at(parent)
+        if keys and leaf in keys:  # a valid key this entry does not set: Hydra adds keys with +
+            return f"{key}: not set in {parent}; add it with +{key}=<value>."
+        return f"{key}: no such key." + (f" Valid keys of {parent or 'the root'}: {', '.join(keys)}" if keys else "")
+    if isinstance(cause, MissingMandatoryValue):
+        return f"{key}: missing; it has no default and must be set."
+    return f"{key}: {str(getattr(cause, 'msg', cause)).splitlines()[0]}"
+
+
+def keys_at(path: str) -> list[str] | None:
+    """The keys the schema declares at a dotted path (named entries' names are free), or None."""
+    node, depth = Train, 0
+    for part in [p for p in path.split(".") if p]:
+        if depth:  # an entry name (or a group name) of a named-entries field
+            depth -= 1
+            if depth == 0:
+                node = entry_kind
+            continue
+        if not dataclasses.is_dataclass(node):
+            return None
+        meta = {f.name: f.metadata for f in dataclasses.fields(node)}
+        if part not in meta:
+            return None
+        if "entries" in meta[part]:
+            entry_kind, depth = meta[part]["entries"], meta[part]["depth"]
+            node = None
+            continue
+        node = typing.get_type_hints(node)[part]
+        args = [a for a in typing.get_args(node) if a is not type(None)]
+        if typing.get_origin(node) is typing.Union and len(args) == 1:  # Optional[X]
+            node = args[0]
+    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) and not depth else None

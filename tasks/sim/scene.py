@@ -1,0 +1,270 @@
+"""The scene: what one world holds, built into Newton, and the views each entity gives.
+
+A :class:`~legion.configs.schema.Scene` names the entities of every world: the robot (an
+articulation loaded from MJCF, URDF or USD), free rigid objects and static fixtures (primitive
+shapes), plus the ground all worlds share. :func:`build_world` adds them to one Newton
+``ModelBuilder`` and records where each lands (:class:`Slices`); after the worlds are replicated
+and the model finalized, :class:`Articulation`, :class:`RigidObject` and :class:`Fixture` turn
+those ranges into zero-copy views of the simulation's state and parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import warp as wp
+
+from legion.configs.schema import Fixture as FixtureCfg
+from legion.configs.schema import RigidObject as RigidObjectCfg
+from legion.configs.schema import Scene
+from legion.tasks.math import quat_rotate_inverse
+
+ASSET_DIR = Path(__file__).resolve().parent.parent / "assets"
+SHAPES = ("box", "sphere", "capsule", "cylinder")
+# Per-env physical parameters (see the package docstring), by what they are per-item of.
+BODY_PARAMS = ("body_mass", "body_com", "body_inertia")
+SHAPE_PARAMS = ("shape_friction", "shape_restitution")
+JOINT_PARAMS = ("joint_stiffness", "joint_damping", "joint_effort_limit", "joint_friction", "joint_armature")
+
+
+def resolve_asset(path: str) -> Path:
+    """Find a robot file: an absolute/relative path, or a file name in ``legion/tasks/assets``."""
+    for candidate in (Path(path), ASSET_DIR / path):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"Robot model '{path}' not found (looked in the working directory and {ASSET_DIR}). "
+        "Give a path to an .xml (MJCF), .urdf or .usd/.usda file."
+    )
+
+
+@dataclass(frozen=True)
+class Slices:
+    """Where one entity's items sit inside each world (the same in every world)."""
+
+    bodies: slice
+    joints: slice
+    coords: slice  # generalized coordinates (joint_q)
+    dofs: slice  # generalized velocities (joint_qd), forces, per-DoF parameters
+    shapes: slice
+
+
+def build_world(scene: Scene, newton, world, contact_gap: float) -> dict[str, tuple[str, Slices]]:
+    """Adds the scene's entities to ``world`` (a ``newton.ModelBuilder`` for one world), in the order
+    robot, objects, fixtures. Returns ``{name: (kind, slices)}``."""
+    layout = {}
+
+    def add(name: str, kind: str, adder) -> None:
+        before = _counts(world)
+        adder()
+        after = _counts(world)
+        layout[name] = (kind, Slices(*(slice(a, b) for a, b in zip(before, after))))
+
+    path = resolve_asset(scene.robot.file)
+
+    def add_robot():
+        try:
+            if path.suffix == ".xml":
+                world.add_mjcf(str(path), enable_self_collisions=False)
+            elif path.suffix == ".urdf":
+                world.add_urdf(str(path), enable_self_collisions=False)
+            elif path.suffix in (".usd", ".usda", ".usdc"):
+                world.add_usd(str(path), enable_self_collisions=False)
+            else:
+                raise ValueError(f"unsupported file type '{path.suffix}' (use .xml, .urdf, .usd, .usda)")
+        except Exception as e:
+            raise ValueError(f"Could not load robot model {path}: {e}") from e
+        if world.body_count == 0:
+            raise ValueError(f"Robot model {path} has no bodies.")
+
+    add("robot", "robot", add_robot)
+    for name, cfg in scene.objects.items():
+        def add_object(name=name, cfg=cfg):
+            body = world.add_body(xform=wp.transform(cfg.pos, cfg.quat), label=name)
+            density = cfg.mass / _volume(cfg, f"task.scene.objects.{name}")
+            _add_shape(world, body, cfg, newton.ModelBuilder.ShapeConfig(mu=cfg.friction, density=density,
+                                                                        gap=contact_gap), name)
+        add(name, "object", add_object)
+    for name, cfg in scene.fixtures.items():
+        def add_fixture(name=name, cfg=cfg):
+            _volume(cfg, f"task.scene.fixtures.{name}")  # checks shape and size
+            _add_shape(world, -1, cfg, newton.ModelBuilder.ShapeConfig(mu=cfg.friction, gap=contact_gap), name,
+                       xform=wp.transform(cfg.pos, cfg.quat))
+        add(name, "fixture", add_fixture)
+    return layout
+
+
+def _counts(builder) -> tuple[int, ...]:
+    return (builder.body_count, builder.joint_count, builder.joint_coord_count, builder.joint_dof_count,
+            builder.shape_count)
+
+
+def _volume(cfg: RigidObjectCfg | FixtureCfg, where: str) -> float:
+    size = list(cfg.size)
+    expected = {"box": 3, "sphere": 1, "capsule": 2, "cylinder": 2}.get(cfg.shape)
+    if expected is None:
+        raise ValueError(f"{where}.shape: '{cfg.shape}' is not one of {list(SHAPES)}.")
+    if len(size) != expected or min(size) <= 0:
+        raise ValueError(f"{where}.size: {size}; a {cfg.shape} takes {expected} positive lengths [m] "
+                         "(box: edges x, y, z; sphere: radius; capsule, cylinder: radius, length).")
+    if cfg.shape == "box":
+        return size[0] * size[1] * size[2]
+    r = size[0]
+    if cfg.shape == "sphere":
+        return 4 / 3 * math.pi * r**3
+    return math.pi * r**2 * size[1] + (4 / 3 * math.pi * r**3 if cfg.shape == "capsule" else 0.0)
+
+
+def _add_shape(world, body: int, cfg, shape_cfg, label: str, xform=None) -> None:
+    size = list(cfg.size)
+    if cfg.shape == "box":
+        world.add_shape_box(body, xform=xform, hx=size[0] / 2, hy=size[1] / 2, hz=size[2] / 2, cfg=shape_cfg, label=label)
+    elif cfg.shape == "sphere":
+        world.add_shape_sphere(body, xform=xform, radius=size[0], cfg=shape_cfg, label=label)
+    elif cfg.shape == "capsule":
+        world.add_shape_capsule(body, xform=xform, radius=size[0], half_height=size[1] / 2, cfg=shape_cfg, label=label)
+    else:
+        world.add_shape_cylinder(body, xform=xform, radius=size[0], half_height=size[1] / 2, cfg=shape_cfg, label=label)
+
+
+def _match(pattern: str | list[str], names: list[str], kind: str, entity: str) -> list[int]:
+    patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+    hits = [i for i, name in enumerate(names) if any(re.fullmatch(p, name) for p in patterns)]
+    if not hits:
+        raise ValueError(f"No {kind} name of {entity} matches {patterns}. Its {kind} names: {names}")
+    return hits
+
+
+class Entity:
+    """One named thing in every world: views of its slice of the simulation (see the package
+    docstring for shapes, units and frames). ``defaults`` holds each parameter's value at
+    construction."""
+
+    kind = "entity"
+
+    def __init__(self, sim, name: str, slices: Slices, shape_labels: list[str]):
+        self.sim, self.name, self.slices = sim, name, slices
+        self.num_envs = sim.num_envs
+        self.shape_names = shape_labels
+        s = slices.shapes
+        self.shape_friction = sim.shape_friction[:, s]
+        self.shape_restitution = sim.shape_restitution[:, s]
+        self.defaults = {name: sim.defaults[name][:, s] for name in SHAPE_PARAMS}
+
+    @property
+    def params(self) -> list[str]:
+        """The names of this entity's per-env physical parameters."""
+        return list(self.defaults)
+
+
+class _Body(Entity):
+    """An entity with bodies: poses, contact forces and mass properties, and a free root if any."""
+
+    def __init__(self, sim, name: str, slices: Slices, shape_labels: list[str], body_labels: list[str]):
+        super().__init__(sim, name, slices, shape_labels)
+        b, n = slices.bodies, sim.num_envs
+        self.body_names = body_labels
+        self.num_bodies = len(body_labels)
+        self.body_pos_w = sim.body_q[:, b, 0:3]
+        self.body_quat_w = sim.body_q[:, b, 3:7]
+        self.contact_forces_w = sim.contact_forces[:, b]
+        self.body_mass = sim.body_mass[:, b]
+        self.body_com = sim.body_com[:, b]
+        self.body_inertia = sim.body_inertia[:, b]
+        self.defaults.update({name: sim.defaults[name][:, b] for name in BODY_PARAMS})
+        # Shape -> body index within this entity (-1: a shape on no body of it).
+        body_of_shape = sim.shape_body[slices.shapes] - b.start
+        self.shape_body = torch.where((body_of_shape >= 0) & (body_of_shape < self.num_bodies), body_of_shape, -1)
+        q, d = slices.coords.start, slices.dofs.start
+        self.floating_base = sim.is_free_joint[slices.joints.start]
+        if self.floating_base:
+            self.root_pose_w, self.root_vel_w = sim.joint_q[:, q:q + 7], sim.joint_qd[:, d:d + 6]
+            self.root_pos_w, self.root_quat_w = self.root_pose_w[:, :3], self.root_pose_w[:, 3:]
+            self.root_lin_vel_w, self.root_ang_vel_w = self.root_vel_w[:, :3], self.root_vel_w[:, 3:]
+            self.root_wrench_w = sim.joint_f[:, d:d + 6]  # external force and torque on the root [N, N m]
+            self.default_root_pose = self.root_pose_w.clone()
+        else:
+            self.root_pose_w = self.root_vel_w = self.root_wrench_w = None
+            self.root_pos_w = self.root_quat_w = self.root_lin_vel_w = self.root_ang_vel_w = None
+            self.default_root_pose = torch.zeros(n, 0, device=sim.device)
+
+    def find_bodies(self, pattern: str | list[str]) -> list[int]:
+        """Indices (into this entity's bodies) of the names fully matching a regex, or any of a list."""
+        return _match(pattern, self.body_names, "body", self.name)
+
+    def _floating(self) -> None:
+        if not self.floating_base:
+            raise ValueError(f"{self.name} has a fixed base: it has no root velocity.")
+
+    @property
+    def root_lin_vel_b(self) -> torch.Tensor:
+        """(num_envs, 3) [m/s] root linear velocity in the root's own frame."""
+        self._floating()
+        return quat_rotate_inverse(self.root_quat_w, self.root_lin_vel_w)
+
+    @property
+    def root_ang_vel_b(self) -> torch.Tensor:
+        """(num_envs, 3) [rad/s] root angular velocity in the root's own frame."""
+        self._floating()
+        return quat_rotate_inverse(self.root_quat_w, self.root_ang_vel_w)
+
+    @property
+    def projected_gravity_b(self) -> torch.Tensor:
+        """(num_envs, 3) unit gravity direction in the root's frame: (0, 0, -1) when level."""
+        self._floating()
+        gravity = self.sim.gravity
+        return quat_rotate_inverse(self.root_quat_w, gravity / gravity.norm(dim=-1, keepdim=True))
+
+
+class Articulation(_Body):
+    """The robot: bodies linked by actuated 1-DoF joints (hinge or slide), on a free or fixed base.
+
+    Joint views (num_envs, num_joints) cover the actuated joints only, in the model's order
+    (``joint_names``): ``joint_pos`` [rad or m], ``joint_vel`` [rad/s or m/s], ``joint_pos_target``
+    (position-PD targets), ``joint_effort`` [N or N m] (feed-forward generalized forces), and the
+    parameters ``joint_stiffness``, ``joint_damping``, ``joint_effort_limit``, ``joint_friction``,
+    ``joint_armature``.
+    """
+
+    kind = "robot"
+
+    def __init__(self, sim, name: str, slices: Slices, shape_labels, body_labels, dof_labels: list[str], source: Path):
+        super().__init__(sim, name, slices, shape_labels, body_labels)
+        q0, v0 = (7, 6) if self.floating_base else (0, 0)
+        coords = slice(slices.coords.start + q0, slices.coords.stop)
+        dofs = slice(slices.dofs.start + v0, slices.dofs.stop)
+        self.joint_names = dof_labels[v0:]
+        self.num_joints = dofs.stop - dofs.start
+        if coords.stop - coords.start != self.num_joints:
+            raise ValueError(f"{source.name}: only 1-DoF joints (hinge, slide) are supported below the root; "
+                             f"found {coords.stop - coords.start} coordinates for {self.num_joints} DoFs.")
+        self.joint_pos = sim.joint_q[:, coords]
+        self.joint_vel = sim.joint_qd[:, dofs]
+        self.joint_pos_target = sim.joint_target_q[:, coords]
+        self.joint_effort = sim.joint_f[:, dofs]
+        for param in JOINT_PARAMS:
+            setattr(self, param, getattr(sim, param)[:, dofs])
+            self.defaults[param] = sim.defaults[param][:, dofs]
+        self.joint_limits = sim.joint_limits[dofs].clone()  # (num_joints, 2) [rad or m], the model's
+        self.effort_limits = self.defaults["joint_effort_limit"][0].clone()  # (num_joints,), the model's
+        self.default_joint_pos = self.joint_pos.clone()  # (num_envs, num_joints): the task may override
+
+    def find_joints(self, pattern: str | list[str]) -> list[int]:
+        """Indices of the actuated joints whose names fully match a regex (or any of a list)."""
+        return _match(pattern, self.joint_names, "joint", self.name)
+
+
+class RigidObject(_Body):
+    """A free rigid body (one body, a free joint, primitive shapes)."""
+
+    kind = "object"
+
+
+class Fixture(Entity):
+    """Static geometry: contact material only (``shape_friction``, ``shape_restitution``)."""
+
+    kind = "fixture"

@@ -1,0 +1,213 @@
+"""NewtonSim: the scene replicated into ``num_envs`` Newton worlds, stepped as one Warp graph."""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import torch
+import warp as wp
+
+from legion.configs.schema import Robot, Scene
+from legion.tasks.sim.scene import Articulation, Fixture, JOINT_PARAMS, RigidObject, build_world, resolve_asset
+from legion.tasks.sim.solver import PARAM_FLAGS, SOLVERS
+
+# Warp's CPU kernels point a static of their module at the calling thread's tile arena (LLVM's
+# JIT has no thread-local storage), so two threads running them at once corrupt each other's
+# tiles: "Warp CPU tile shared-memory allocation exceeds the 256 KiB arena", then an abort or a
+# segfault (seen with two quadruped sims stepped from two threads; the static is the one of
+# NVIDIA/warp#1413, thread safety is NVIDIA/warp#1491). Every NewtonSim method that
+# launches kernels holds this lock, so sims used from several threads take turns instead.
+# Uncontended (one thread steps the sims, as in agent.mode=async) it costs nothing measurable.
+_WARP_LOCK = threading.Lock()
+
+
+def _one_thread_at_a_time(method):
+    @functools.wraps(method)
+    def locked(*args, **kwargs):
+        with _WARP_LOCK:
+            return method(*args, **kwargs)
+
+    return locked
+
+
+class NewtonSim:
+    """``num_envs`` copies of a scene in Newton, advanced ``decimation`` physics steps at a time.
+
+    Args:
+        scene: the entities of each world (:class:`~legion.configs.schema.Scene`), or a robot
+            file name for a scene of that robot on a ground plane.
+        num_envs: number of independent worlds.
+        dt: physics time step [s].
+        decimation: physics steps per :meth:`step` (one control step).
+        device: Warp/torch device string, e.g. ``"cpu"`` or ``"cuda:0"``.
+        solver: ``"mujoco"`` (SolverMuJoCo on MuJoCo Warp) or ``"xpbd"`` (no contact sensing).
+        solver_options: keyword arguments of the solver's constructor.
+        contact_gap: collision detection gap [m]; Newton's 0.1 m default made ~30x more contacts
+            than needed (PLATFORM.md).
+        use_graph: capture the decimated step as one Warp graph (CPU and CUDA).
+
+    Attributes:
+        scene: the entities by name (``"robot"``, then objects and fixtures in config order).
+        robot: ``scene["robot"]``, an :class:`Articulation`.
+    """
+
+    @_one_thread_at_a_time
+    def __init__(self, scene: Scene | str, num_envs: int, dt: float, decimation: int, device: str = "cpu",
+                 solver: str = "mujoco", solver_options: dict | None = None, contact_gap: float = 0.0,
+                 use_graph: bool = True):
+        import newton  # imported here so that `import legion.tasks.sim` stays cheap
+
+        if isinstance(scene, str):
+            scene = Scene(robot=Robot(file=scene))
+        if solver not in SOLVERS:
+            raise ValueError(f"Unknown solver '{solver}'; choose one of {sorted(SOLVERS)} (configs/sim/).")
+        if num_envs < 1 or decimation < 1 or dt <= 0:
+            raise ValueError(f"Need num_envs >= 1, decimation >= 1, dt > 0; got {num_envs}, {decimation}, {dt}.")
+        adapter = SOLVERS[solver]
+        if scene.contact_sensing and not adapter.senses_contacts:
+            raise ValueError("Contact-force sensing needs sim=mujoco. For sim=xpbd set task.scene.contact_sensing=false "
+                             "and remove the task's contact terms (feet_air_time, undesired_contacts, illegal_contact).")
+        self.num_envs, self.dt, self.decimation, self.device = num_envs, dt, decimation, device
+        self.physics_dt, self.control_dt = dt, dt * decimation
+        self.solver_name = solver
+        self.senses_contacts = scene.contact_sensing
+
+        world = newton.ModelBuilder()
+        adapter.prepare_builder(world)
+        world.rigid_gap = contact_gap
+        layout = build_world(scene, newton, world, contact_gap)
+        builder = newton.ModelBuilder()
+        builder.rigid_gap = contact_gap
+        builder.replicate(world, num_envs)
+        if scene.ground is not None:  # shared by all worlds, so it comes after them (shape_world -1)
+            builder.add_ground_plane(cfg=newton.ModelBuilder.ShapeConfig(mu=scene.ground.friction, gap=contact_gap))
+        self.model = model = builder.finalize(device=device)
+        self.state, self.control = model.state(), model.control()
+        newton.eval_fk(model, model.joint_q, model.joint_qd, self.state)
+        self._newton = newton
+
+        # --- one world's layout, and zero-copy views of every world ---------------------------
+        n = num_envs
+        coords, dofs = world.joint_coord_count, world.joint_dof_count
+        self.bodies_per_world, self.shapes_per_world = bodies, shapes = world.body_count, world.shape_count
+        self.joint_q = wp.to_torch(self.state.joint_q).view(n, coords)  # generalized coordinates
+        self.joint_qd = wp.to_torch(self.state.joint_qd).view(n, dofs)  # generalized velocities
+        self.body_q = wp.to_torch(self.state.body_q).view(n, bodies, 7)  # body poses, world frame
+        self.joint_target_q = wp.to_torch(self.control.joint_target_q).view(n, coords)
+        self.joint_f = wp.to_torch(self.control.joint_f).view(n, dofs)
+        self.shape_body = wp.to_torch(model.shape_body)[:shapes].clone()  # body of each shape (-1: static)
+        self.shape_friction = wp.to_torch(model.shape_material_mu)[: n * shapes].view(n, shapes)
+        self.shape_restitution = wp.to_torch(model.shape_material_restitution)[: n * shapes].view(n, shapes)
+        self.body_mass = wp.to_torch(model.body_mass).view(n, bodies)
+        self.body_com = wp.to_torch(model.body_com).view(n, bodies, 3)
+        self.body_inertia = wp.to_torch(model.body_inertia).view(n, bodies, 3, 3)
+        for param, array in zip(JOINT_PARAMS, (model.joint_target_ke, model.joint_target_kd, model.joint_effort_limit,
+                                               model.joint_friction, model.joint_armature)):
+            setattr(self, param, wp.to_torch(array).view(n, dofs))
+        self.gravity = wp.to_torch(model.gravity)[:n]  # (num_envs, 3) [m/s^2], world frame
+        self.defaults = {name: getattr(self, name).clone() for name in PARAM_FLAGS}
+        self._body_inv_mass = wp.to_torch(model.body_inv_mass).view(n, bodies)
+        self._body_inv_inertia = wp.to_torch(model.body_inv_inertia).view(n, bodies, 3, 3)
+        self._changed: set[str] = set()
+        lower = wp.to_torch(model.joint_limit_lower).view(n, dofs)[0]
+        upper = wp.to_torch(model.joint_limit_upper).view(n, dofs)[0]
+        self.joint_limits = torch.stack([lower, upper], dim=-1).clone()  # (dofs, 2), the model's
+        self.contact_forces = torch.zeros(n, bodies, 3, device=device)  # [N], world frame
+        self._contact_out = wp.from_torch(self.contact_forces, dtype=wp.vec3)
+        self.solver = adapter(self, dict(solver_options or {}))
+
+        # --- the entities ------------------------------------------------------------------
+        joint_type = model.joint_type.numpy()[: world.joint_count]
+        self.is_free_joint = [bool(t == newton.JointType.FREE) for t in joint_type]
+        qd_start = model.joint_qd_start.numpy()
+        dof_labels = []
+        for j, label in enumerate(model.joint_label[: world.joint_count]):
+            dof_labels += [_short(label)] * int(qd_start[j + 1] - qd_start[j])
+        body_labels = [_short(label) for label in model.body_label[:bodies]]
+        shape_labels = [_short(label) for label in model.shape_label[:shapes]]
+        self.scene = {}
+        for name, (kind, s) in layout.items():
+            common = (self, name, s, shape_labels[s.shapes])
+            if kind == "robot":
+                entity = Articulation(*common, body_labels[s.bodies], dof_labels[s.dofs], resolve_asset(scene.robot.file))
+            elif kind == "object":
+                entity = RigidObject(*common, body_labels[s.bodies])
+            else:
+                entity = Fixture(*common)
+            self.scene[name] = entity
+        self.robot: Articulation = self.scene["robot"]
+
+        # Reset bookkeeping: Newton's per-world reset mask (its last entry stands for the shared
+        # shapes, never reset); eval_fk takes one entry per world, the first n.
+        self._reset_mask = wp.zeros(n + 1, dtype=wp.bool, device=device)
+        self._reset_mask_t = wp.to_torch(self._reset_mask)
+        self._fk_mask = self._reset_mask[:n]
+
+        self.graph = None
+        if use_graph:
+            with wp.ScopedCapture(device=device) as capture:
+                self._simulate()
+            self.graph = capture.graph
+
+    # ------------------------------------------------------------------------------------
+    def _simulate(self) -> None:
+        for _ in range(self.decimation):
+            self.solver.step(self.state, self.control, self.dt)
+        self.solver.finish_control_step(self.state)
+        if self.senses_contacts:
+            self.solver.sense_contacts(self._contact_out)
+
+    @_one_thread_at_a_time
+    def step(self) -> None:
+        """Advance every world by one control step (``decimation`` physics steps)."""
+        if self._changed:
+            self._publish_params()
+        if self.graph is not None:
+            wp.capture_launch(self.graph)
+        else:
+            self._simulate()
+
+    @_one_thread_at_a_time
+    def reset(self, env_ids: torch.Tensor) -> None:
+        """After writing the state of the worlds ``env_ids`` through the views: recompute their
+        body poses from the joint coordinates and make the solver forget what it carried over for
+        them (MuJoCo's warm start), so a reset world's future depends on its new state only.
+        The other worlds are left untouched.
+
+        Args:
+            env_ids: (k,) long indices of the worlds whose state was written.
+        """
+        if env_ids.numel() == 0:
+            return
+        self._reset_mask_t.zero_()
+        self._reset_mask_t[env_ids] = True
+        self._newton.eval_fk(self.model, self.state.joint_q, self.state.joint_qd, self.state, mask=self._fk_mask)
+        self.solver.reset(self.state, self._reset_mask)
+
+    def params_changed(self, *names: str) -> None:
+        """Marks per-env parameters (names as in ``PARAM_FLAGS``) as edited; the next :meth:`step`
+        hands them to the solver, once, however many edits came before it."""
+        unknown = [name for name in names if name not in PARAM_FLAGS]
+        if unknown:
+            raise ValueError(f"Unknown physical parameter(s) {unknown}; NewtonSim has {sorted(PARAM_FLAGS)}.")
+        self._changed.update(names)
+
+    def _publish_params(self) -> None:
+        """Derived quantities (inverse mass and inertia), then the solver's own."""
+        changed, self._changed = self._changed, set()
+        if changed & {"body_mass", "body_inertia"}:
+            mass = self.body_mass
+            self._body_inv_mass.copy_(torch.where(mass > 0, 1.0 / mass.clamp(min=1e-12), 0.0))
+            inertia = self.body_inertia
+            invertible = torch.linalg.det(inertia).abs() > 1e-18
+            eye = torch.eye(3, device=inertia.device).expand_as(inertia)
+            inverse = torch.linalg.inv(torch.where(invertible[..., None, None], inertia, eye))
+            self._body_inv_inertia.copy_(torch.where(invertible[..., None, None], inverse, 0.0))
+        self.solver.publish(changed)
+
+
+def _short(label: str) -> str:
+    """Newton labels are paths like 'quadruped/FL_calf'; keep the last component."""
+    return label.rsplit("/", 1)[-1]
+
