@@ -34,6 +34,12 @@ class Interrupted(KeyboardInterrupt):
         self.signal_name = signal_name
 
 
+class TrainingDiverged(RuntimeError):
+    """Training stopped because it cannot go on (non-finite physics or losses beyond the
+    configured limits), after writing a checkpoint of the last good state. The message names the
+    likely causes."""
+
+
 class StopRequests:
     """Ctrl-C and SIGTERM (e.g. a cluster preempting the job) while training, as a flag.
 

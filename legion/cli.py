@@ -257,6 +257,9 @@ def main() -> None:
 
         if isinstance(e, (ExportError, PolicyLoadError)):
             _fail(command, str(e))
+        if type(e).__name__ == "TrainingDiverged":  # its message names the causes; no traceback
+            print(f"legion {command}: {e}", file=sys.stderr)
+            sys.exit(1)
         raise
 
 
