@@ -257,9 +257,12 @@ def main() -> None:
 
         if isinstance(e, (ExportError, PolicyLoadError)):
             _fail(command, str(e))
-        if type(e).__name__ == "TrainingDiverged":  # its message names the causes; no traceback
-            print(f"legion {command}: {e}", file=sys.stderr)
-            sys.exit(1)
+        if "torch" in sys.modules:
+            from legion.agents.runner import TrainingDiverged
+
+            if isinstance(e, TrainingDiverged):  # its message names the causes; no traceback
+                print(f"legion {command}: {e}", file=sys.stderr)
+                sys.exit(1)
         raise
 
 
