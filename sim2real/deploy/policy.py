@@ -240,7 +240,7 @@ class PolicyRunner:
                                       f"edge-runtime version; known: {sorted(OBSERVATION_TERMS)}. "
                                       "Add it to sim2real/deploy/policy.py OBSERVATION_TERMS.")
             joints = (term.get("params") or {}).get("joints")  # a subset of the joints (metadata version 2)
-            if joints is not None:
+            if joints is not None and list(joints) != list(range(len(meta["joint_names"]))):
                 func = (lambda state, command, runner, whole=func, ids=np.asarray(joints):
                         np.asarray(whole(state, command, runner), np.float32)[ids])
             clip = term.get("clip")
