@@ -190,6 +190,7 @@ class AsyncRunner(Runner):
                             break  # done: every report is booked
                         continue
                     self.log.record(report)
+                    self._check_physics(report)
                     behind = behind + 1 if report["perf"]["actor_wait_s"] > BEHIND_FRACTION * report["wall_s"] else 0
                     if behind == BEHIND_ITERATIONS and self.max_lag > 0:
                         print(f"[legion] warning: the learner is behind: the actor waited for a policy update in each "

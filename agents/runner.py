@@ -171,6 +171,18 @@ class Runner:
         return (iteration % self.cfg.save_interval == 0
                 or bool(minutes) and time.monotonic() - self._last_save_time >= 60 * minutes)
 
+    def _check_physics(self, report: dict) -> None:
+        """Envs whose physics went non-finite are reset and counted by the env; past the configured
+        share in one step, training stops (the caller's ``finally`` writes the checkpoint)."""
+        share, limit = report["nonfinite_max"], self.cfg.max_nonfinite_fraction
+        if share > limit:
+            raise TrainingDiverged(
+                f"the physics went non-finite (NaN/Inf) in {share:.0%} of the envs in one step of iteration "
+                f"{report['iteration']} (agent.max_nonfinite_fraction={limit:g}). Likely causes: a time step too "
+                "large for the contacts and gains (sim.dt), PD gains or the action scale too high, masses or "
+                "inertias too small (a randomization range at an extreme), an unstable robot model. The policy "
+                "of the last complete iteration is saved.")
+
     def _begin(self, max_iterations: int | None) -> None:
         self.log.start(self.iteration, max_iterations, purge_step=self._purge_step)
         self._purge_step = None
@@ -227,9 +239,11 @@ class Runner:
                         raise
                     t2 = time.perf_counter()
                     self.iteration += 1
-                    self.log.record({**stats.end(), "iteration": self.iteration, "losses": losses,
-                                     "learning_rate": ppo.learning_rate, "action_std": ppo.get_policy().output_std.mean().item(),
-                                     "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0})
+                    report = {**stats.end(), "iteration": self.iteration, "losses": losses,
+                              "learning_rate": ppo.learning_rate, "action_std": ppo.get_policy().output_std.mean().item(),
+                              "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0}
+                    self.log.record(report)
+                    self._check_physics(report)
                     if self.log_dir is not None and self._save_due(self.iteration):
                         self.save()
             finally:

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from conftest import make_runner
+from legion.agents.runner import TrainingDiverged
 from legion.agents.checkpoints import (CheckpointError, latest_checkpoint, latest_good_checkpoint, load_checkpoint,
                                        prune, save_checkpoint)
 
@@ -100,3 +101,20 @@ def test_pruning_keeps_the_newest_and_every_kth(tmp_path):
     deleted = prune(tmp_path, keep_last=3, keep_every=5)
     kept = sorted(int(p.stem.split("_")[1]) for p in tmp_path.glob("model_*.pt"))
     assert kept == [5, 10, 11, 12] and len(deleted) == 8
+
+
+def test_training_stops_with_a_checkpoint_when_too_many_worlds_go_nan(tmp_path):
+    """One broken world is reset and counted; half of them in one step stop the run, naming causes."""
+    runner = make_runner(*SMALL, "agent.max_nonfinite_fraction=0.1", log_dir=tmp_path)
+    runner.learn(1)
+    env, step = runner.env, runner.env.step
+
+    def step_with_broken_physics(actions):
+        env.robot.joint_vel[: env.num_envs // 2, 0] = float("nan")
+        return step(actions)
+
+    env.step = step_with_broken_physics
+    with pytest.raises(TrainingDiverged, match=r"non-finite \(NaN/Inf\) in 50% of the envs.*sim\.dt"):
+        runner.learn(5)
+    assert runner.iteration == 2 and latest_checkpoint(tmp_path).name == "model_2.pt"
+    assert all(torch.isfinite(t).all() for t in runner.ppo.actor.state_dict().values())

@@ -56,7 +56,7 @@ def test_async_with_lag_0_equals_sync_bit_for_bit():
     opt_a, opt_b = sync.ppo.optimizer.state_dict()["state"], lag0.ppo.optimizer.state_dict()["state"]
     assert all(torch.equal(opt_a[i]["exp_avg_sq"], opt_b[i]["exp_avg_sq"]) for i in opt_a)
     assert sync.ppo.learning_rate == lag0.ppo.learning_rate
-    assert list(sync.log.episode_returns) == list(lag0.log.episode_returns)
+    assert list(sync.log.recent) == list(lag0.log.recent) and sync.log.episodes > 0  # the same episodes
     assert _no_worker_threads()
 
 
@@ -244,9 +244,10 @@ class _Finalized:
 def test_ctrl_c_handled_inside_a_finalizer_still_stops_training_within_a_second(env, tmp_path, mode):
     """Python drops a KeyboardInterrupt raised inside a finalizer ("Exception ignored"): that is
     how a Ctrl-C went missing while the garbage collector ran in the main thread, and a
-    continuous run went on writing snapshots. The runners turn the signal into a flag instead."""
+    continuous run went on writing snapshots. The runners turn the signal into a flag instead:
+    the envs stop stepping within a second, then the checkpoint is written."""
     runner = _runner(f"agent.mode={mode}", env=env, log_dir=tmp_path)
-    record, interrupted_at = runner.log.record, []
+    record, step, interrupted_at, stepped_at = runner.log.record, env.step, [], []
 
     def record_then_collect(report):
         record(report)
@@ -257,10 +258,17 @@ def test_ctrl_c_handled_inside_a_finalizer_still_stops_training_within_a_second(
             interrupted_at.append(time.perf_counter())
             gc.collect()
 
-    runner.log.record = record_then_collect
-    with pytest.raises(KeyboardInterrupt):
-        runner.learn(None)  # until stopped
-    assert time.perf_counter() - interrupted_at[0] < 1.0
+    def timed_step(actions):
+        stepped_at.append(time.perf_counter())
+        return step(actions)
+
+    runner.log.record, env.step = record_then_collect, timed_step
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.learn(None)  # until stopped
+    finally:
+        del env.step
+    assert stepped_at[-1] - interrupted_at[0] < 1.0 and time.perf_counter() - interrupted_at[0] < 10.0
     assert _no_worker_threads()
     assert latest_checkpoint(tmp_path).name == f"model_{runner.iteration}.pt" and runner.iteration >= 2
 

@@ -169,19 +169,20 @@ class NewtonSim:
             self._simulate()
 
     @_one_thread_at_a_time
-    def reset(self, env_ids: torch.Tensor) -> None:
-        """After writing the state of the worlds ``env_ids`` through the views: recompute their
-        body poses from the joint coordinates and make the solver forget what it carried over for
-        them (MuJoCo's warm start), so a reset world's future depends on its new state only.
-        The other worlds are left untouched.
+    def reset(self, worlds: torch.Tensor) -> None:
+        """After writing the state of some worlds through the views: recompute their body poses
+        from the joint coordinates and make the solver forget what it carried over for them
+        (MuJoCo's warm start), so a reset world's future depends on its new state only. The other
+        worlds are left untouched. Nothing is read back to the host.
 
         Args:
-            env_ids: (k,) long indices of the worlds whose state was written.
+            worlds: (num_envs,) bool mask of the worlds whose state was written, or (k,) long indices.
         """
-        if env_ids.numel() == 0:
-            return
-        self._reset_mask_t.zero_()
-        self._reset_mask_t[env_ids] = True
+        if worlds.dtype == torch.bool:
+            self._reset_mask_t[: self.num_envs].copy_(worlds)
+        else:
+            self._reset_mask_t.zero_()
+            self._reset_mask_t[worlds] = True
         self._newton.eval_fk(self.model, self.state.joint_q, self.state.joint_qd, self.state, mask=self._fk_mask)
         self.solver.reset(self.state, self._reset_mask)
 
