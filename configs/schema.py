@@ -127,7 +127,9 @@ class EventTerm:
 
 @dataclass
 class Action:
-    type: str = "joint_position"  # joint_position: targets = default + scale * action | joint_effort
+    # joint_position: targets = default + scale * action | joint_position_delta: targets = previous
+    # targets + scale * action, within the joint limits | joint_effort: efforts = scale * action
+    type: str = "joint_position"
     joints: str = ".*"  # the actuated joints this action drives (regex)
     scale: float = 1.0
     clip: Optional[float] = None  # clip the policy's output to [-clip, clip]
@@ -135,12 +137,28 @@ class Action:
 
 @dataclass
 class Command:
-    """What the policy is asked to do, resampled per env every ``resampling_time_s``."""
+    """What the policy is asked to do, resampled per env every ``resampling_time_s``
+    (legion/tasks/mdp/commands.py)."""
 
-    type: str = "velocity"  # velocity: base (v_x, v_y, yaw rate)
+    # velocity: base (v_x, v_y, yaw rate) | pose: a body's position and orientation | position: a
+    # body's position (pose and position: in the robot's base frame)
+    type: str = "velocity"
     ranges: dict[str, list[float]] = field(default_factory=dict)  # per component: [low, high]
     resampling_time_s: float = 10.0
     standing_fraction: float = 0.0  # velocity: share of exactly-zero commands
+    entity: str = "robot"  # pose, position: the scene entity whose body is commanded (e.g. cube)
+    body: Optional[str] = None  # pose, position: that body's name (e.g. tcp); None: the entity's first body
+
+
+@dataclass
+class Success:
+    """When an episode counts as a success: a condition held ``hold_s`` without a break, latched per
+    episode. Measured on the device every control step (never ends an episode), logged as
+    ``Episode_Success/rate``, reported by evaluation."""
+
+    func: str = MISSING  # f(env, **params) -> (num_envs,) bool: legion.tasks.mdp.terminations or "package.module:function"
+    params: dict[str, Any] = field(default_factory=dict)
+    hold_s: float = 0.0  # [s], rounded to whole control steps (0: one control step)
 
 
 @dataclass
@@ -155,6 +173,7 @@ class Task:
     only_positive_rewards: bool = False  # clip each step's total at 0 (legged_gym)
     terminations: dict[str, Any] = entries(TerminationTerm)  # name -> TerminationTerm
     events: dict[str, Any] = entries(EventTerm)  # name -> EventTerm
+    success: Optional[Success] = None
 
 
 # --- physics ---------------------------------------------------------------------------------------

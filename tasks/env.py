@@ -48,6 +48,42 @@ class ContactTimers:
         self.last_air_time.masked_fill_(mask[:, None], 0.0)
 
 
+class SuccessTracker:
+    """The task's success (``task.success``): its condition met for ``hold_s`` without a break,
+    latched per episode; it never ends an episode.
+
+    Attributes:
+        succeeded: (num_envs,) bool, the current episode has succeeded.
+        time_s: (num_envs,) [s] episode time at which it succeeded (the hold complete; NaN before).
+        last_succeeded, last_time_s: the same for each env's last finished episode (evaluation
+            reads them after the step that ended it).
+    """
+
+    def __init__(self, env, cfg):
+        self.env, self.term = env, mdp.resolve(env, "success", cfg.func, cfg, "task.success")
+        self.hold_steps = max(1, round(cfg.hold_s / env.step_dt))
+        self.held = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)  # control steps met in a row
+        self.succeeded = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
+        self.time_s = torch.full((env.num_envs,), math.nan, device=env.device)
+        self.last_succeeded, self.last_time_s = self.succeeded.clone(), self.time_s.clone()
+
+    def step(self) -> None:
+        self.held = torch.where(self.term(self.env), self.held + 1, 0)
+        now = (self.held >= self.hold_steps) & ~self.succeeded
+        self.time_s = torch.where(now, self.env.episode_length_buf * self.env.step_dt, self.time_s)
+        self.succeeded |= now
+
+    def reset(self, mask: torch.Tensor, finished: torch.Tensor) -> dict:
+        """Starts new episodes in ``mask``; returns ``Episode_Success/rate``'s sum over ``finished``."""
+        self.last_succeeded = torch.where(finished, self.succeeded, self.last_succeeded)
+        self.last_time_s = torch.where(finished, self.time_s, self.last_time_s)
+        successes = (self.succeeded & finished).sum()
+        self.held.masked_fill_(mask, 0)
+        self.succeeded.masked_fill_(mask, False)
+        self.time_s.masked_fill_(mask, math.nan)
+        return {"Episode_Success/rate": successes}
+
+
 class LegionEnv(VecEnv):
     """A task on ``num_envs`` Newton worlds, behind rsl-rl's VecEnv.
 
@@ -61,6 +97,7 @@ class LegionEnv(VecEnv):
         sim: the :class:`~legion.tasks.sim.NewtonSim`; ``scene`` its entities by name, ``robot`` the robot.
         action, command: the task's action term and command (``None`` if it has none).
         contacts: the robot's :class:`ContactTimers` (``None`` without contact sensing).
+        success: the task's :class:`SuccessTracker` (``None`` if it defines no success).
         observation_terms, reward_terms, termination_terms: the resolved :class:`~legion.tasks.mdp.Term`\\ s.
         events: the :class:`~legion.tasks.mdp.events.Events`.
     """
@@ -82,6 +119,7 @@ class LegionEnv(VecEnv):
         robot = self.robot
         for pattern, value in task.scene.robot.joint_pos.items():
             robot.default_joint_pos[:, robot.find_joints(pattern)] = value
+        robot.joint_pos_target[:] = robot.default_joint_pos  # joints no action drives hold the default pose
         if robot.floating_base:
             if task.scene.robot.root_height is not None:
                 robot.default_root_pose[:, 2] = task.scene.robot.root_height
@@ -98,6 +136,7 @@ class LegionEnv(VecEnv):
                 raise ValueError(f"task.command.type: unknown '{task.command.type}'. Available: {sorted(mdp.COMMANDS)}")
             self.command = mdp.COMMANDS[task.command.type](self, task.command)
         self.contacts = ContactTimers(self) if self.sim.senses_contacts else None
+        self.success = SuccessTracker(self, task.success) if task.success is not None else None
         self.observation_terms = {
             group: [mdp.resolve(self, "observations", name, term, f"task.observations.{group}.{name}")
                     for name, term in terms.items()]
@@ -144,7 +183,8 @@ class LegionEnv(VecEnv):
         ``extras["time_outs"]`` (N,) bool marks episodes cut by the time limit (bootstrapped by
         PPO); ``extras["log"]`` holds this step's scalars (termination shares, randomization
         ranges); ``extras["episodes"]`` sums over the episodes that ended this step: ``count`` and
-        per reward term ``Episode_Reward/<term>`` (each episode's reward per second). All are
+        per reward term ``Episode_Reward/<term>`` (each episode's reward per second), and with a
+        ``task.success``, ``Episode_Success/rate`` (how many succeeded). All are
         device tensors (or Python numbers), never read back here.
         """
         self.action.apply(actions.to(self.device))
@@ -154,6 +194,8 @@ class LegionEnv(VecEnv):
             self.command.step()
         if self.contacts is not None:
             self.contacts.step(self.step_dt)
+        if self.success is not None:
+            self.success.step()
         self.extras = {"log": {}}
         self._compute_terminations()
         rewards = self._compute_rewards()
@@ -248,6 +290,8 @@ class LegionEnv(VecEnv):
         seconds = self.max_episode_length * self.step_dt
         self.extras["episodes"] = {"count": finished.sum(), **{
             f"Episode_Reward/{name}": (sums * finished).sum() / seconds for name, sums in self.episode_sums.items()}}
+        if self.success is not None:
+            self.extras["episodes"].update(self.success.reset(mask, finished))
         for sums in self.episode_sums.values():
             sums.masked_fill_(mask, 0.0)
         # The default state of every entity, the reset events' perturbations, then body poses (FK).

@@ -26,3 +26,35 @@ def quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         aw * bz + ax * by - ay * bx + az * bw,
         aw * bw - ax * bx - ay * by - az * bz,
     ], dim=-1)
+
+
+def quat_rotate(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Rotates vectors ``v`` (..., 3) given in the frame of orientation ``q`` (..., 4) into the world frame."""
+    xyz, w = q[..., :3], q[..., 3:4]
+    t = 2.0 * torch.cross(xyz, v, dim=-1)
+    return v + w * t + torch.cross(xyz, t, dim=-1)
+
+
+def quat_conjugate(q: torch.Tensor) -> torch.Tensor:
+    """The inverse rotation of unit quaternions (..., 4)."""
+    return torch.cat([-q[..., :3], q[..., 3:]], dim=-1)
+
+
+def quat_from_euler_xyz(roll: torch.Tensor, pitch: torch.Tensor, yaw: torch.Tensor) -> torch.Tensor:
+    """(..., 4) quaternions of the rotation R = Rz(yaw) Ry(pitch) Rx(roll) (angles [rad] about the
+    fixed x, then y, then z axes), with w >= 0 so that one rotation has one quaternion."""
+    cr, sr = torch.cos(roll / 2), torch.sin(roll / 2)
+    cp, sp = torch.cos(pitch / 2), torch.sin(pitch / 2)
+    cy, sy = torch.cos(yaw / 2), torch.sin(yaw / 2)
+    q = torch.stack([sr * cp * cy - cr * sp * sy,
+                     cr * sp * cy + sr * cp * sy,
+                     cr * cp * sy - sr * sp * cy,
+                     cr * cp * cy + sr * sp * sy], dim=-1)
+    return torch.where(q[..., 3:4] < 0, -q, q)
+
+
+def quat_error_magnitude(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(...,) angle [rad] of the rotation between orientations ``a`` and ``b`` (..., 4), in [0, pi]
+    whichever sign either quaternion has."""
+    d = quat_mul(quat_conjugate(a), b)
+    return 2.0 * torch.atan2(torch.norm(d[..., :3], dim=-1), torch.abs(d[..., 3]))

@@ -4,7 +4,8 @@ Every term is a plain function of the env (plus keyword parameters from the conf
 
 - observations ``f(env, **params) -> (num_envs, D)``
 - rewards ``f(env, **params) -> (num_envs,)``, before weight and control dt
-- terminations ``f(env, **params) -> (num_envs,)`` bool
+- terminations ``f(env, **params) -> (num_envs,)`` bool; a task's success condition (``task.success``)
+  is a function of the same kind
 - events ``f(env, env_ids, draw, **params)``, writing state or physical parameters of the worlds
   ``env_ids`` only (:mod:`.events`: modes startup / reset / interval, ranges, curriculum)
 
@@ -25,7 +26,8 @@ from legion.tasks.mdp.actions import ACTIONS
 from legion.tasks.mdp.commands import COMMANDS
 from legion.tasks.mdp.terms import Term, bind_params, find_function
 
-KINDS = {"observations": observations, "rewards": rewards, "terminations": terminations, "events": events}
+KINDS = {"observations": observations, "rewards": rewards, "terminations": terminations, "events": events,
+         "success": terminations}
 
 
 def check(task) -> None:
@@ -40,6 +42,10 @@ def check(task) -> None:
             bind_params(find_function(cfg.func or name, KINDS[kind], kind), cfg.params, f"task.{kind}.{name}")
     for name, cfg in task.events.items():
         events.EventTerm(None, name, cfg)
+    if task.success is not None:
+        bind_params(find_function(task.success.func, terminations, "success"), task.success.params, "task.success")
+        if task.success.hold_s < 0:
+            raise ValueError(f"task.success.hold_s: {task.success.hold_s} must be >= 0 seconds.")
 
 
 def resolve(env, kind: str, name: str, cfg, where: str | None = None) -> Term:

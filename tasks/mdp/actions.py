@@ -1,8 +1,9 @@
 """Action terms: turn the policy's (num_envs, num_actions) output into joint commands.
 
-Both terms drive the actuated joints matching ``joints`` (``joint_ids``, in the model's order):
-``command = offset + scale * action``, with ``offset`` the default pose for position targets and
-zero for efforts. Both can delay actions per env (actuator latency, set by the ``action_delay``
+Every term drives the actuated joints matching ``joints`` (``joint_ids``, in the model's order):
+``command = offset + scale * action``, with ``offset`` the default pose for position targets, the
+previous targets for position deltas (from the joint positions an episode starts at) and zero
+for efforts. All can delay actions per env (actuator latency, set by the ``action_delay``
 event): with delay k the command applied at control step t is the one built from the action of
 step t-k. ``actions`` / ``prev_actions`` stay the policy's own latest outputs (for observations
 and rewards).
@@ -74,6 +75,21 @@ class JointPositionAction:
         self._history.masked_fill_(mask[None, :, None], 0.0)
 
 
+class JointPositionDeltaAction(JointPositionAction):
+    """Position-PD targets moved by the action: ``target = previous target + scale * action``,
+    clamped to the joint limits. An episode starts from targets at the joints' reset positions."""
+
+    def apply(self, actions: torch.Tensor) -> None:
+        robot, ids = self.env.robot, self.joint_ids
+        targets = robot.joint_pos_target[:, ids] + self.scale * self._delayed(actions)
+        robot.joint_pos_target[:, ids] = targets.clamp(robot.joint_limits[ids, 0], robot.joint_limits[ids, 1])
+
+    def reset(self, mask: torch.Tensor) -> None:
+        super().reset(mask)
+        robot, ids = self.env.robot, self.joint_ids
+        robot.joint_pos_target[:, ids] = torch.where(mask[:, None], robot.joint_pos[:, ids], robot.joint_pos_target[:, ids])
+
+
 class JointEffortAction(JointPositionAction):
     """Generalized forces on the driven joints: ``effort = scale * action`` [N or N m]."""
 
@@ -88,4 +104,5 @@ class JointEffortAction(JointPositionAction):
         return self.env.robot.joint_effort[:, self.joint_ids]
 
 
-ACTIONS = {"joint_position": JointPositionAction, "joint_effort": JointEffortAction}
+ACTIONS = {"joint_position": JointPositionAction, "joint_position_delta": JointPositionDeltaAction,
+           "joint_effort": JointEffortAction}

@@ -1,43 +1,55 @@
-"""Commands: what the policy is asked to do, sampled per env (``task.command``)."""
+"""Commands: what the policy is asked to do, sampled per env (``task.command``).
+
+Every command draws its components uniformly from ``ranges`` ([low, high] each), per env, at each
+episode start and every ``resampling_time_s``; :meth:`UniformCommand.hold` fixes it (evaluation,
+sim-to-sim). Nothing is read back to the host: resampling is by mask.
+"""
 
 import torch
 
+from legion.tasks.math import quat_conjugate, quat_error_magnitude, quat_from_euler_xyz, quat_mul, quat_rotate
 
-class VelocityCommand:
-    """Uniformly sampled base velocity targets (v_x, v_y, yaw rate) in the base frame [m/s, m/s,
-    rad/s], resampled per env every ``resampling_time_s``.
 
-    A fraction ``standing_fraction`` of the samples is exactly zero, so the policy also learns to
-    stand still. ``ranges``: ``lin_vel_x``, ``lin_vel_y``, ``ang_vel_z``, each [low, high].
+class UniformCommand:
+    """Components drawn uniformly per env; subclasses turn the draw into ``value``.
 
     Attributes:
-        value: (num_envs, 3) the current commands.
+        value: (num_envs, dim) the current commands.
     """
 
-    COMPONENTS = ("lin_vel_x", "lin_vel_y", "ang_vel_z")
+    COMPONENTS: tuple[str, ...] = ()
+    OPTIONAL: dict[str, float] = {}  # components that may be left out, and the value they then take
 
     def __init__(self, env, cfg):
         self.env = env
-        unknown, missing = set(cfg.ranges) - set(self.COMPONENTS), set(self.COMPONENTS) - set(cfg.ranges)
+        known = set(self.COMPONENTS)
+        unknown = set(cfg.ranges) - known
+        missing = known - set(cfg.ranges) - set(self.OPTIONAL)
         if unknown or missing:
-            raise ValueError(f"task.command.ranges: a velocity command takes {list(self.COMPONENTS)} "
-                             f"(unknown: {sorted(unknown)}, missing: {sorted(missing)}).")
-        self.ranges = torch.tensor([cfg.ranges[c] for c in self.COMPONENTS], device=env.device, dtype=torch.float32)
+            raise ValueError(f"task.command.ranges: a {cfg.type} command takes {list(self.COMPONENTS)}"
+                             + (f" ({sorted(self.OPTIONAL)} optional)" if self.OPTIONAL else "")
+                             + f" (unknown: {sorted(unknown)}, missing: {sorted(missing)}).")
+        ranges = [cfg.ranges.get(c, [self.OPTIONAL.get(c)] * 2) for c in self.COMPONENTS]
+        self.ranges = torch.tensor(ranges, device=env.device, dtype=torch.float32)
         self.resampling_steps = max(1, round(cfg.resampling_time_s / env.step_dt))
-        self.standing_fraction = cfg.standing_fraction
-        self.value = torch.zeros(env.num_envs, 3, device=env.device)
+        self.value = torch.zeros(env.num_envs, self.dim, device=env.device)
         self.steps_left = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
         self.held = False
+
+    @property
+    def dim(self) -> int:
+        return len(self.COMPONENTS)
+
+    def sample(self) -> torch.Tensor:
+        """(num_envs, dim) fresh commands for every env (the caller keeps those it needs)."""
+        low, high = self.ranges[:, 0], self.ranges[:, 1]
+        return low + (high - low) * self.env.uniform(0.0, 1.0, (self.env.num_envs, len(self.COMPONENTS)))
 
     def resample(self, mask: torch.Tensor) -> None:
         """New commands for the envs in ``mask`` (num_envs,) bool."""
         if self.held:
             return
-        n = self.env.num_envs
-        low, high = self.ranges[:, 0], self.ranges[:, 1]
-        value = low + (high - low) * self.env.uniform(0.0, 1.0, (n, 3))
-        standing = self.env.uniform(0.0, 1.0, (n, 1)) < self.standing_fraction
-        self.value[:] = torch.where(mask[:, None], torch.where(standing, 0.0, value), self.value)
+        self.value[:] = torch.where(mask[:, None], self.sample(), self.value)
         self.steps_left = torch.where(mask, self.resampling_steps, self.steps_left)
 
     def step(self) -> None:
@@ -48,8 +60,8 @@ class VelocityCommand:
         self.resample(self.steps_left <= 0)
 
     def hold(self, value) -> None:
-        """Fixes the commands at ``value`` ((3,) for every env, or (num_envs, 3)) until :meth:`release`:
-        no resampling, also across episode ends (evaluation, sim-to-sim)."""
+        """Fixes the commands at ``value`` ((dim,) for every env, or (num_envs, dim)) until
+        :meth:`release`: no resampling, also across episode ends (evaluation, sim-to-sim)."""
         self.value[:] = torch.as_tensor(value, dtype=torch.float32, device=self.env.device)
         self.held = True
 
@@ -59,4 +71,106 @@ class VelocityCommand:
         self.resample(torch.ones(self.env.num_envs, dtype=torch.bool, device=self.env.device))
 
 
-COMMANDS = {"velocity": VelocityCommand}
+class VelocityCommand(UniformCommand):
+    """Base velocity targets (v_x, v_y, yaw rate) in the base frame [m/s, m/s, rad/s].
+
+    A fraction ``standing_fraction`` of the samples is exactly zero, so the policy also learns to
+    stand still. ``ranges``: ``lin_vel_x``, ``lin_vel_y``, ``ang_vel_z``.
+    """
+
+    COMPONENTS = ("lin_vel_x", "lin_vel_y", "ang_vel_z")
+
+    def __init__(self, env, cfg):
+        super().__init__(env, cfg)
+        self.standing_fraction = cfg.standing_fraction
+
+    def sample(self) -> torch.Tensor:
+        value = super().sample()
+        standing = self.env.uniform(0.0, 1.0, (self.env.num_envs, 1)) < self.standing_fraction
+        return torch.where(standing, 0.0, value)
+
+
+class PositionCommand(UniformCommand):
+    """A target position for one body (``cfg.entity``'s body ``cfg.body``, e.g. a cube to bring
+    somewhere), drawn in a box of the robot's base frame (the robot's first body).
+
+    ``ranges``: ``pos_x``, ``pos_y``, ``pos_z`` [m], base frame.
+
+    Attributes:
+        value: (num_envs, 3) target position [m], base frame.
+        body: (the entity, body index) whose position is commanded.
+    """
+
+    COMPONENTS = ("pos_x", "pos_y", "pos_z")
+
+    def __init__(self, env, cfg):
+        super().__init__(env, cfg)
+        if cfg.entity not in env.scene or not hasattr(env.scene[cfg.entity], "body_pos_w"):
+            raise ValueError(f"task.command.entity: '{cfg.entity}' is not a scene entity with bodies; "
+                             f"the scene has {list(env.scene)}.")
+        entity = env.scene[cfg.entity]
+        try:
+            ids = entity.find_bodies(cfg.body) if cfg.body is not None else [0]
+        except ValueError as e:
+            raise ValueError(f"task.command.body: {e}") from None
+        if len(ids) != 1:
+            raise ValueError(f"task.command.body: '{cfg.body}' matches {[entity.body_names[i] for i in ids]} of "
+                             f"{cfg.entity}; name exactly one body.")
+        self.body = (entity, ids[0])
+
+    def base_pose_w(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The robot's base frame: position (num_envs, 3) [m] and orientation (num_envs, 4), world frame."""
+        robot = self.env.robot
+        return robot.body_pos_w[:, 0], robot.body_quat_w[:, 0]
+
+    def target_pos_w(self) -> torch.Tensor:
+        """(num_envs, 3) [m] the target position in the world frame."""
+        base_pos, base_quat = self.base_pose_w()
+        return base_pos + quat_rotate(base_quat, self.value[:, :3])
+
+    def body_pos_b(self) -> torch.Tensor:
+        """(num_envs, 3) [m] the commanded body's position in the robot's base frame."""
+        entity, index = self.body
+        base_pos, base_quat = self.base_pose_w()
+        return quat_rotate(quat_conjugate(base_quat), entity.body_pos_w[:, index] - base_pos)
+
+    def position_error(self) -> torch.Tensor:
+        """(num_envs,) [m] distance of the commanded body from its target position."""
+        entity, index = self.body
+        return torch.norm(entity.body_pos_w[:, index] - self.target_pos_w(), dim=-1)
+
+
+class PoseCommand(PositionCommand):
+    """A target pose (position and orientation) for one body, e.g. a robot's end effector, drawn in
+    a box of the robot's base frame.
+
+    ``ranges``: ``pos_x``, ``pos_y``, ``pos_z`` [m]; ``roll``, ``pitch``, ``yaw`` [rad] (optional,
+    default 0): the orientation Rz(yaw) Ry(pitch) Rx(roll) relative to the base frame.
+
+    Attributes:
+        value: (num_envs, 7) target position [m] and orientation quaternion (x, y, z, w; w >= 0),
+            base frame.
+    """
+
+    COMPONENTS = ("pos_x", "pos_y", "pos_z", "roll", "pitch", "yaw")
+    OPTIONAL = {"roll": 0.0, "pitch": 0.0, "yaw": 0.0}
+
+    @property
+    def dim(self) -> int:
+        return 7
+
+    def sample(self) -> torch.Tensor:
+        draw = super().sample()
+        return torch.cat([draw[:, :3], quat_from_euler_xyz(draw[:, 3], draw[:, 4], draw[:, 5])], dim=-1)
+
+    def target_quat_w(self) -> torch.Tensor:
+        """(num_envs, 4) the target orientation in the world frame."""
+        return quat_mul(self.base_pose_w()[1], self.value[:, 3:7])
+
+    def orientation_error(self) -> torch.Tensor:
+        """(num_envs,) [rad] angle between the commanded body's orientation and its target's."""
+        entity, index = self.body
+        return quat_error_magnitude(entity.body_quat_w[:, index], self.target_quat_w())
+
+
+COMMANDS = {"velocity": VelocityCommand, "position": PositionCommand, "pose": PoseCommand}

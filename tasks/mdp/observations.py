@@ -45,6 +45,17 @@ def velocity_commands(env) -> torch.Tensor:
     return env.command.value
 
 
+def pose_command(env) -> torch.Tensor:
+    """(num_envs, 7) the commanded pose in the robot's base frame: position [m] and orientation
+    quaternion (x, y, z, w; w >= 0) (command type pose)."""
+    return env.command.value
+
+
+def position_command(env) -> torch.Tensor:
+    """(num_envs, 3) [m] the commanded position in the robot's base frame (command type position)."""
+    return env.command.value[:, :3]
+
+
 def last_action(env) -> torch.Tensor:
     """The policy's previous action, as it left the policy (before scaling)."""
     return env.action.actions

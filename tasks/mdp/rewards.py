@@ -23,6 +23,26 @@ def joint_vel_l1(env, joints=".*") -> torch.Tensor:
     return torch.sum(torch.abs(env.robot.joint_vel[:, joints]), dim=1)
 
 
+def joint_vel_l2(env, joints=".*") -> torch.Tensor:
+    """Sum of squared joint velocities of the selected joints [rad^2/s^2]."""
+    return torch.sum(torch.square(env.robot.joint_vel[:, joints]), dim=1)
+
+
+def position_command_error(env) -> torch.Tensor:
+    """Distance of the commanded body from its commanded position [m] (command type pose or position)."""
+    return env.command.position_error()
+
+
+def position_command_error_tanh(env, std: float) -> torch.Tensor:
+    """1 - tanh(distance / std): 1 at the commanded position, falling off within a few ``std`` [m]."""
+    return 1.0 - torch.tanh(env.command.position_error() / std)
+
+
+def orientation_command_error(env) -> torch.Tensor:
+    """Angle between the commanded body's orientation and the commanded one [rad] (command type pose)."""
+    return env.command.orientation_error()
+
+
 def track_lin_vel_xy_exp(env, std: float) -> torch.Tensor:
     """exp(-|v_xy,cmd - v_xy|^2 / std^2), base frame."""
     error = torch.sum(torch.square(env.command.value[:, :2] - env.robot.root_lin_vel_b[:, :2]), dim=1)

@@ -16,3 +16,13 @@ def joint_pos_out_of_bounds(env, joints, limit: float) -> torch.Tensor:
 def base_height_below(env, height: float) -> torch.Tensor:
     """The base is lower than ``height`` [m] above the ground."""
     return env.robot.root_pos_w[:, 2] < height
+
+
+def command_reached(env, position_threshold: float, orientation_threshold: float | None = None) -> torch.Tensor:
+    """The commanded body is within ``position_threshold`` [m] of its commanded position and, given
+    ``orientation_threshold`` [rad], within that angle of its commanded orientation (thresholds
+    included). A success condition (``task.success``) for pose and position commands."""
+    reached = env.command.position_error() <= position_threshold
+    if orientation_threshold is not None:
+        reached &= env.command.orientation_error() <= orientation_threshold
+    return reached
