@@ -372,17 +372,34 @@ def mass_scale(env, mask, draw, entity: str = "robot", bodies=".*"):
     _write_mass(env, target)
 
 
+@event(domain=(0.1, 10.0))
+def size_scale(env, mask, draw, entity: str = "robot", bodies=".*"):
+    """Every shape of each selected body scaled by U(range), one factor per body (the shapes keep
+    their proportions and their place on the body). The mass stays (``mass_scale`` changes it);
+    the inertia follows the size (x factor^2)."""
+    target = env.scene[entity]
+    part = env.events.part(f"{entity}.body_size_scale", target.body_mass, 1.0)
+    part[:, bodies] = where(mask, draw(len(bodies)), part[:, bodies])
+    on_body = target.shape_body >= 0
+    factor = torch.where(on_body, part[:, target.shape_body.clamp(min=0)], 1.0)  # (num_envs, num_shapes)
+    target.shape_size[:] = target.defaults["shape_size"] * factor[..., None]
+    env.sim.params_changed("shape_size")
+    _write_mass(env, target)
+
+
 def _write_mass(env, target):
     """mass = default * scale + added, at least 10% of the default; the inertia tensor follows
-    the mass (same shape, same density distribution). Envs whose parts did not change get the
-    values they already hold."""
+    the mass (same shape, same density distribution) and the size (x size factor^2). Envs whose
+    parts did not change get the values they already hold."""
     events, name = env.events, target.name
     default = target.defaults["body_mass"]
     scale = events.part(f"{name}.body_mass_scale", target.body_mass, 1.0)
     added = events.part(f"{name}.body_mass_added", target.body_mass, 0.0)
+    size = events.part(f"{name}.body_size_scale", target.body_mass, 1.0)
     mass = torch.maximum(default * scale + added, 0.1 * default)
     target.body_mass[:] = mass
-    target.body_inertia[:] = target.defaults["body_inertia"] * (mass / default.clamp(min=1e-9))[..., None, None]
+    factor = mass / default.clamp(min=1e-9) * size**2
+    target.body_inertia[:] = target.defaults["body_inertia"] * factor[..., None, None]
     env.sim.params_changed("body_mass", "body_inertia")
 
 

@@ -36,6 +36,9 @@ each entity's values at construction are in ``entity.defaults[name]``):
   and coefficient of restitution [0, 1) of each shape (``shape_body`` maps a shape to its body).
   A world's shapes take MuJoCo contact priority over the shared ground, so a contact uses the
   entity's own friction and softness (see :class:`.solver.MuJoCo`).
+- ``shape_size`` (num_envs, num_shapes, 3) [m]: each primitive shape's size as Newton keeps it:
+  box (half-extents x, y, z), sphere (radius, -, -), capsule and cylinder (radius, half-length, -).
+  Collision follows a change; mass and inertia do not (the ``size_scale`` event scales inertia too).
 - ``body_mass`` (num_envs, num_bodies) [kg], ``body_com`` (num_envs, num_bodies, 3) [m] in the
   body frame, ``body_inertia`` (num_envs, num_bodies, 3, 3) [kg m^2] about the COM, body frame.
 - Robot joints: ``joint_stiffness`` / ``joint_damping`` (num_envs, num_joints) [N m/rad, N m s/rad]

@@ -27,7 +27,7 @@ ASSET_DIR = Path(__file__).resolve().parent.parent / "assets"
 SHAPES = ("box", "sphere", "capsule", "cylinder")
 # Per-env physical parameters (see the package docstring), by what they are per-item of.
 BODY_PARAMS = ("body_mass", "body_com", "body_inertia")
-SHAPE_PARAMS = ("shape_friction", "shape_restitution")
+SHAPE_PARAMS = ("shape_friction", "shape_restitution", "shape_size")
 JOINT_PARAMS = ("joint_stiffness", "joint_damping", "joint_effort_limit", "joint_friction", "joint_armature")
 
 
@@ -153,6 +153,7 @@ class Entity:
         s = slices.shapes
         self.shape_friction = sim.shape_friction[:, s]
         self.shape_restitution = sim.shape_restitution[:, s]
+        self.shape_size = sim.shape_size[:, s]
         self.defaults = {name: sim.defaults[name][:, s] for name in SHAPE_PARAMS}
 
     @property
@@ -265,6 +266,7 @@ class RigidObject(_Body):
 
 
 class Fixture(Entity):
-    """Static geometry: contact material only (``shape_friction``, ``shape_restitution``)."""
+    """Static geometry: contact material and size only (``shape_friction``, ``shape_restitution``,
+    ``shape_size``)."""
 
     kind = "fixture"

@@ -99,6 +99,7 @@ class NewtonSim:
         self.shape_body = wp.to_torch(model.shape_body)[:shapes].clone()  # body of each shape (-1: static)
         self.shape_friction = wp.to_torch(model.shape_material_mu)[: n * shapes].view(n, shapes)
         self.shape_restitution = wp.to_torch(model.shape_material_restitution)[: n * shapes].view(n, shapes)
+        self.shape_size = wp.to_torch(model.shape_scale)[: n * shapes].view(n, shapes, 3)
         self.body_mass = wp.to_torch(model.body_mass).view(n, bodies)
         self.body_com = wp.to_torch(model.body_com).view(n, bodies, 3)
         self.body_inertia = wp.to_torch(model.body_inertia).view(n, bodies, 3, 3)

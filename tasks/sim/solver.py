@@ -24,6 +24,7 @@ from mujoco_warp._src.types import vec5
 PARAM_FLAGS = {
     "shape_friction": "SHAPE_PROPERTIES",
     "shape_restitution": "SHAPE_PROPERTIES",
+    "shape_size": "SHAPE_PROPERTIES",  # MuJoCo's geom size, bounding box and radius follow it
     "body_mass": "BODY_INERTIAL_PROPERTIES",
     "body_com": "BODY_INERTIAL_PROPERTIES",
     "body_inertia": "BODY_INERTIAL_PROPERTIES",
