@@ -187,6 +187,12 @@ class Runner:
         self.log.start(self.iteration, max_iterations, purge_step=self._purge_step)
         self._purge_step = None
         self._stop.clear()
+        if self.cfg.random_episode_start:
+            # Episodes that only time out end together forever: every rollout would then hold one
+            # phase of the episode (all starts, or all ends). Spread the phases once (rsl-rl's
+            # init_at_random_ep_len); the first episodes end early.
+            buf = self.env.episode_length_buf
+            buf.copy_(torch.randint_like(buf, high=int(self.env.max_episode_length)))
 
     def _end(self, start_iteration: int) -> None:
         if self.log_dir is not None and self.iteration > start_iteration:

@@ -238,6 +238,7 @@ class Agent:
     keep_last: Optional[int] = 10  # checkpoints kept: the newest N (null: all) ...
     keep_every: Optional[int] = None  # ... plus every N-th iteration's
     log_interval: int = 1  # progress line every N iterations
+    random_episode_start: bool = False  # each learn() starts the envs at random steps of their episodes
     max_nonfinite_fraction: float = 0.1  # stop (with a checkpoint) when more envs' physics goes NaN in one step
     actor: Actor = field(default_factory=Actor)
     critic: Network = field(default_factory=Network)
