@@ -67,16 +67,17 @@ class SuccessTracker:
         self.time_s = torch.full((env.num_envs,), math.nan, device=env.device)
         self.last_succeeded, self.last_time_s = self.succeeded.clone(), self.time_s.clone()
 
+    # In-place updates only: the state stays usable whether the env steps in inference mode or not.
     def step(self) -> None:
-        self.held = torch.where(self.term(self.env), self.held + 1, 0)
+        self.held.copy_(torch.where(self.term(self.env), self.held + 1, 0))
         now = (self.held >= self.hold_steps) & ~self.succeeded
-        self.time_s = torch.where(now, self.env.episode_length_buf * self.env.step_dt, self.time_s)
+        self.time_s.copy_(torch.where(now, self.env.episode_length_buf * self.env.step_dt, self.time_s))
         self.succeeded |= now
 
     def reset(self, mask: torch.Tensor, finished: torch.Tensor) -> dict:
         """Starts new episodes in ``mask``; returns ``Episode_Success/rate``'s sum over ``finished``."""
-        self.last_succeeded = torch.where(finished, self.succeeded, self.last_succeeded)
-        self.last_time_s = torch.where(finished, self.time_s, self.last_time_s)
+        self.last_succeeded.copy_(torch.where(finished, self.succeeded, self.last_succeeded))
+        self.last_time_s.copy_(torch.where(finished, self.time_s, self.last_time_s))
         successes = (self.succeeded & finished).sum()
         self.held.masked_fill_(mask, 0)
         self.succeeded.masked_fill_(mask, False)

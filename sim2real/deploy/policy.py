@@ -17,6 +17,8 @@ A robot state is a dict of numpy arrays, in SI units and the joint order of
 - ``base_lin_vel`` (3,) [m/s] and ``base_ang_vel`` (3,) [rad/s], in the BASE frame (what an
   IMU and a state estimator report)
 - ``base_pos`` (3,) [m], world frame (only if a policy term needs the base height)
+- ``object_pos`` (3,) [m]: a manipulated object's position in the robot's BASE frame (what a
+  camera calibrated to the robot reports); only if a policy term needs it (``object_position``)
 - ``timestamp`` [s]: when the sensors were sampled (used by the control loop's watchdog)
 """
 
@@ -77,12 +79,18 @@ OBSERVATION_TERMS = {
     "joint_vel": lambda state, command, runner: state["joint_vel"],
     "last_action": lambda state, command, runner: runner.last_action,
     "base_height": _base_height,
+    # Manipulation: the command is the target in the robot's base frame, (x, y, z, qx, qy, qz, qw)
+    # for a pose and (x, y, z) for a position [m].
+    "pose_command": lambda state, command, runner: command,
+    "position_command": lambda state, command, runner: command,
+    "object_position": lambda state, command, runner: state["object_pos"],
 }
 # The robot-state keys each term reads (for clear errors at load time and at every step).
 TERM_STATE_KEYS = {
     "base_lin_vel": ("base_lin_vel",), "base_ang_vel": ("base_ang_vel",), "projected_gravity": ("base_quat",),
     "joint_pos_rel": ("joint_pos",), "joint_vel": ("joint_vel",), "base_height": ("base_pos",),
-    "velocity_commands": (), "last_action": (),
+    "velocity_commands": (), "last_action": (), "pose_command": (), "position_command": (),
+    "object_position": ("object_pos",),
 }
 
 
@@ -222,10 +230,13 @@ class PolicyRunner:
         self.policy = OnnxPolicy(path, providers, check_hash)
         meta = self.metadata = self.policy.metadata
         action = meta["action"]
-        if action["type"] != "joint_position":
+        if action["type"] not in ("joint_position", "joint_position_delta"):
             raise PolicyLoadError(f"{path}: action type '{action['type']}'. The edge runtime drives position-"
-                                  "controlled joints (action type joint_position); effort policies need their own "
-                                  "runner.")
+                                  "controlled joints (action type joint_position or joint_position_delta); effort "
+                                  "policies need their own runner.")
+        self.action_delta = action["type"] == "joint_position_delta"
+        self.action_joint_ids = np.asarray(action["joint_ids"])
+        self.action_limits = np.asarray(meta["joint_limits"], np.float32)[self.action_joint_ids]
         self.joint_names: list[str] = meta["joint_names"]
         self.control_dt: float = meta["control_dt"]
         self.default_joint_pos = np.asarray(meta["default_joint_pos"], np.float32)
@@ -249,12 +260,15 @@ class PolicyRunner:
         self.reset()
 
     def reset(self) -> None:
-        """Start of an episode: zero last action and recurrent state."""
+        """Start of an episode: zero last action and recurrent state; delta actions start from the
+        joint positions of the next state."""
+        self.targets = None
         self.last_action = np.zeros(self.policy.num_actions, np.float32)
         self.hidden = self.policy.initial_state(1)
 
     def observation(self, state: dict, command=None) -> np.ndarray:
-        """(obs_dim,) float32 policy input for a robot state and a command (v_x, v_y, yaw rate) [m/s, m/s, rad/s]."""
+        """(obs_dim,) float32 policy input for a robot state and the task's command: velocity (v_x, v_y,
+        yaw rate) [m/s, m/s, rad/s], or a pose (7,) / position (3,) target in the base frame [m]."""
         missing = [k for k in self.state_keys if k not in state]
         if missing:
             raise KeyError(f"robot state lacks {missing} (the policy's observation needs {self.state_keys}); "
@@ -273,7 +287,9 @@ class PolicyRunner:
         return obs
 
     def act(self, state: dict, command=None) -> np.ndarray:
-        """Joint position targets (J,) [rad] = default + scale * action, for this state and command.
+        """Joint position targets of the action's joints [rad or m] for this state and command:
+        default + scale * action, or (``joint_position_delta``) the previous targets + scale *
+        action within the joint limits.
 
         Also keeps the observation (``last_obs``) and action (``last_action``) it used.
         """
@@ -283,4 +299,9 @@ class PolicyRunner:
         if self.action_clip:
             action = np.clip(action, -self.action_clip, self.action_clip)
         self.last_action = action.astype(np.float32)
-        return self.action_offset + self.action_scale * self.last_action
+        if not self.action_delta:
+            return self.action_offset + self.action_scale * self.last_action
+        if self.targets is None:
+            self.targets = np.asarray(state["joint_pos"], np.float32)[self.action_joint_ids]
+        self.targets = np.clip(self.targets + self.action_scale * self.last_action, *self.action_limits.T)
+        return self.targets.copy()

@@ -1,0 +1,58 @@
+"""Terms for a gripper and an object: where the object is, whether it is reached, grasped, lifted
+and brought to the commanded goal (``task.command`` of type position on the object).
+
+The object is a scene entity named by ``object`` (default ``cube``); ``bodies`` are the robot's
+(the end effector, the fingers). Positions are in the robot's base frame (its first body).
+"""
+
+import torch
+
+from legion.tasks.math import quat_conjugate, quat_rotate
+
+
+def _in_base_frame(env, pos_w: torch.Tensor) -> torch.Tensor:
+    base_pos, base_quat = env.robot.body_pos_w[:, 0], env.robot.body_quat_w[:, 0]
+    return quat_rotate(quat_conjugate(base_quat), pos_w - base_pos)
+
+
+# --- observations ----------------------------------------------------------------------------
+def object_position(env, object: str = "cube") -> torch.Tensor:
+    """(num_envs, 3) [m] the object's position in the robot's base frame."""
+    return _in_base_frame(env, env.scene[object].root_pos_w)
+
+
+# --- rewards -----------------------------------------------------------------------------------
+def reach_object(env, std: float, bodies="tcp", object: str = "cube") -> torch.Tensor:
+    """1 - tanh(distance / std) between the end effector (``bodies``: one body) and the object [m]."""
+    distance = torch.norm(env.robot.body_pos_w[:, bodies[0]] - env.scene[object].root_pos_w, dim=-1)
+    return 1.0 - torch.tanh(distance / std)
+
+
+def object_grasped(env, bodies, pad=(0.0, 0.0, 0.0275), object: str = "cube", max_distance: float = 0.02,
+                   threshold: float = 1.0) -> torch.Tensor:
+    """1 while the object is held between the fingers (``bodies``): every finger presses on
+    something with more than ``threshold`` [N], and the object's centre is within ``max_distance``
+    [m] of the mean of the fingers' grasp points (``pad``: a point in each finger's frame [m])."""
+    robot = env.robot
+    pressing = torch.all(torch.norm(robot.contact_forces_w[:, bodies], dim=-1) > threshold, dim=1)
+    quat = robot.body_quat_w[:, bodies]
+    points = robot.body_pos_w[:, bodies] + quat_rotate(quat, torch.as_tensor(pad, device=env.device).expand_as(quat[..., :3]))
+    near = torch.norm(points.mean(dim=1) - env.scene[object].root_pos_w, dim=-1) < max_distance
+    return (pressing & near).float()
+
+
+def object_lifted(env, height: float, object: str = "cube") -> torch.Tensor:
+    """1 while the object's centre is more than ``height`` [m] above the robot's base."""
+    return (object_position(env, object)[:, 2] > height).float()
+
+
+def object_goal_tanh(env, std: float, height: float, object: str = "cube") -> torch.Tensor:
+    """(1 - tanh(distance to the commanded position / std)) while the object is lifted above
+    ``height`` [m]; 0 on the table (the stage after lifting)."""
+    return object_lifted(env, height, object) * (1.0 - torch.tanh(env.command.position_error() / std))
+
+
+# --- terminations ------------------------------------------------------------------------------
+def object_out_of_reach(env, distance: float, object: str = "cube") -> torch.Tensor:
+    """The object is more than ``distance`` [m] from the robot's base (knocked off the table)."""
+    return torch.norm(object_position(env, object), dim=-1) > distance
