@@ -1,8 +1,9 @@
 """The batched env: rsl-rl's VecEnv over a :class:`legion.tasks.sim.NewtonSim`, composed from terms.
 
 One control step is: apply the action, run ``decimation`` physics steps (one Warp graph),
-advance commands and contact timers, evaluate terminations and rewards, reset the finished
-worlds, fire the interval events (pushes, ...), and compute the observations of every group.
+advance commands, contact timers and the task's success, evaluate terminations and rewards,
+reset the finished worlds, fire the interval events (pushes, ...), and compute the observations
+of every group.
 Everything is a batched tensor operation over all environments; nothing loops over
 environments in Python, no term looks a name up, and nothing is read back to the host while the
 env steps: finished worlds are reset by mask (every reset operation leaves the other worlds

@@ -7,18 +7,14 @@ The object is a scene entity named by ``object`` (default ``cube``); ``bodies`` 
 
 import torch
 
-from legion.tasks.math import quat_conjugate, quat_rotate
-
-
-def _in_base_frame(env, pos_w: torch.Tensor) -> torch.Tensor:
-    base_pos, base_quat = env.robot.body_pos_w[:, 0], env.robot.body_quat_w[:, 0]
-    return quat_rotate(quat_conjugate(base_quat), pos_w - base_pos)
+from legion.tasks.math import quat_rotate, quat_rotate_inverse
 
 
 # --- observations ----------------------------------------------------------------------------
 def object_position(env, object: str = "cube") -> torch.Tensor:
     """(num_envs, 3) [m] the object's position in the robot's base frame."""
-    return _in_base_frame(env, env.scene[object].root_pos_w)
+    base_pos, base_quat = env.robot.body_pos_w[:, 0], env.robot.body_quat_w[:, 0]
+    return quat_rotate_inverse(base_quat, env.scene[object].root_pos_w - base_pos)
 
 
 # --- rewards -----------------------------------------------------------------------------------
