@@ -19,6 +19,7 @@ commands:
                  a Hydra multirun        legion train -m seed=0,1,2
                  resume a run            legion train resume=runs/cartpole/<date> [checkpoint=FILE]
   play           run a trained policy    legion play run=runs/cartpole/<date> [episodes=5]
+  eval           measure a policy        legion eval run=runs/quadruped_flat/<date> [commands=forward,stand]
   randomization  what each env draws     legion randomization task=quadruped_flat
   export         export to ONNX          legion export run=runs/quadruped_flat/<date> [out=DIR]
   sim2sim        MuJoCo next to Newton   legion sim2sim run=runs/quadruped_flat/<date>
@@ -40,6 +41,35 @@ Loads the run's saved config.yaml and its newest good checkpoint (or `checkpoint
 policy deterministically with observation noise off, and prints the return and length of each
 finished episode. Any config key can be overridden, e.g. sim.num_envs=4 device=cpu (default
 sim.num_envs: 16, or the run's if fewer).
+"""
+
+EVAL_HELP = """usage: legion eval run=<run folder> [checkpoint=PATH] [commands=...] [envs=16] [duration_s=10]
+                   [settle_s=1] [randomization=trained|off] [out=DIR] [key=value ...]
+
+Measures the run's newest good checkpoint (or `checkpoint=`): the policy acts deterministically
+(observation noise off) for duration_s seconds on `envs` envs per command, each env one episode
+from a fresh reset, and the metrics are printed as a table and written to DIR (default
+<run>/eval/) as <checkpoint>.json and <checkpoint>.png (commanded vs actual velocity over time).
+
+Locomotion (velocity-command tasks), per command, over the steps after settle_s before any fall:
+  vel_error_xy       mean |v_xy,cmd - v_xy| [m/s], base frame
+  yaw_rate_error     mean |yaw rate_cmd - yaw rate| [rad/s]
+  fall_rate          share of envs whose episode ended in a failure (a termination term)
+  survival_s         mean time to that failure (duration_s if none) [s]
+  terrain_level      mean terrain level of the envs (rough terrain: the levels the training
+                     curriculum reached, saved in the checkpoint; frozen while evaluating)
+  power_w            mean mechanical power, sum over joints of |torque x joint velocity| [W]
+  cost_of_transport  energy / (mass x g x distance walked); - for commands without linear velocity
+
+  commands=forward,backward,lateral,yaw,stand       (the default; names from this set)
+    forward (1, 0, 0)  backward (-0.5, 0, 0)  lateral (0, 0.5, 0)  yaw (0, 0, 1)  stand (0, 0, 0)
+  commands='{"fast": [1.5, 0, 0], "turn": [0.5, 0, 0.5]}'   your own, as JSON: name -> [v_x, v_y, yaw rate]
+  Commands outside the task's command ranges are clamped to them (marked * in the table).
+  randomization=trained  every event term as the run configures it (pushes, friction, ...; default)
+  randomization=off      none: default pose, level, at rest, the model's own physical parameters
+
+Works for runs trained on any device (evaluate on this machine's with device=cpu). Config keys
+can be overridden as in `legion play`.
 """
 
 RANDOMIZATION_HELP = """usage: legion randomization [task=NAME] [key=value ...]
@@ -171,6 +201,43 @@ def play(args: list[str]) -> None:
         print(f"episode {i + 1}: return {episode['return']:8.3f}  length {episode['length']:5d}  ({cause})", flush=True)
 
 
+def evaluate(args: list[str]) -> None:
+    from legion import evaluation
+
+    if any(a in ("-h", "--help") for a in args):
+        print(EVAL_HELP)
+        return
+    defaults = evaluation.Options()
+    run, options, overrides = parse_run_args(args, EVAL_HELP, {
+        "checkpoint": None, "commands": ",".join(evaluation.DEFAULT_COMMANDS), "envs": str(defaults.envs_per_command),
+        "duration_s": str(defaults.duration_s), "settle_s": str(defaults.settle_s),
+        "randomization": defaults.randomization, "out": None})
+    text = options["commands"].strip()
+    if text.startswith("{"):
+        try:
+            commands = json.loads(text)
+        except ValueError as e:
+            raise UsageError(f"commands: invalid JSON ({e}); expected {{name: [v_x, v_y, yaw_rate], ...}}") from None
+    else:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in evaluation.DEFAULT_COMMANDS]
+        if unknown:
+            raise UsageError(f"commands: unknown {unknown}; choose from {list(evaluation.DEFAULT_COMMANDS)} "
+                             "or give JSON {name: [v_x, v_y, yaw_rate]}")
+        commands = {n: evaluation.DEFAULT_COMMANDS[n] for n in names}
+    chosen = evaluation.Options(commands=commands, envs_per_command=_number("envs", options["envs"]),
+                                duration_s=_number("duration_s", options["duration_s"], float),
+                                settle_s=_number("settle_s", options["settle_s"], float),
+                                randomization=options["randomization"])
+    loaded = evaluation.load(run, chosen, options["checkpoint"], overrides)
+    print(f"[legion] evaluating {loaded.checkpoint} of {loaded.settings.task.name}: {len(commands)} commands x "
+          f"{chosen.envs_per_command} envs x {chosen.duration_s:g} s, randomization {chosen.randomization}", flush=True)
+    report = evaluation.measure(loaded, chosen)
+    print(evaluation.table(report))
+    written = evaluation.write(report, options["out"] or run / "eval")
+    print(f"[legion] wrote {', '.join(str(p) for p in written)}")
+
+
 def randomization(args: list[str]) -> None:
     from legion import runs
     from legion.tasks.randomization import report
@@ -225,7 +292,7 @@ def sim2sim(args: list[str]) -> None:
         Path(options["json"]).write_text(json.dumps({k: result[k] for k in ("newton", "mujoco", "mean", "loop")}, indent=2))
 
 
-COMMANDS = {"train": train, "play": play, "randomization": randomization, "export": export, "sim2sim": sim2sim}
+COMMANDS = {"train": train, "play": play, "eval": evaluate, "randomization": randomization, "export": export, "sim2sim": sim2sim}
 
 
 def main() -> None:

@@ -98,6 +98,7 @@ class LegionEnv(VecEnv):
                 raise ValueError(f"task.command.type: unknown '{task.command.type}'. Available: {sorted(mdp.COMMANDS)}")
             self.command = mdp.COMMANDS[task.command.type](self, task.command)
         self.contacts = ContactTimers(self) if self.sim.senses_contacts else None
+        self.terrain_levels = None
         self.observation_terms = {
             group: [mdp.resolve(self, "observations", name, term, f"task.observations.{group}.{name}")
                     for name, term in terms.items()]
