@@ -98,7 +98,9 @@ class LegionEnv(VecEnv):
                 raise ValueError(f"task.command.type: unknown '{task.command.type}'. Available: {sorted(mdp.COMMANDS)}")
             self.command = mdp.COMMANDS[task.command.type](self, task.command)
         self.contacts = ContactTimers(self) if self.sim.senses_contacts else None
-        self.terrain_levels = None
+        # On a generated terrain: each env's tile (level, type) and the origin its episodes start from.
+        self.terrain_levels = (mdp.curriculum.TerrainLevels(self, task.scene.ground.terrain)
+                               if self.sim.terrain is not None else None)
         self.observation_terms = {
             group: [mdp.resolve(self, "observations", name, term, f"task.observations.{group}.{name}")
                     for name, term in terms.items()]
@@ -162,18 +164,26 @@ class LegionEnv(VecEnv):
         self._reset(dones)
         self.events.step(self.step_dt)
         self.extras["log"].update(self.events.log())
+        if self.terrain_levels is not None:
+            self.extras["log"]["Curriculum/terrain_level"] = self.terrain_levels.levels.float().mean()
         self._observations = self._compute_observations()
         self.extras["time_outs"] = self.time_outs.clone()
         return self._observations, rewards, dones, self.extras
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps of the env: ``{"randomization": {term: {"range": [low, high],
-        "distribution": ..., "mode": ...}}, "step_count": control steps so far}`` (enabled terms)."""
-        return self.events.state_dict()
+        "distribution": ..., "mode": ...}}, "step_count": control steps so far}`` (enabled terms),
+        and on a terrain ``"terrain": {"levels": (num_envs,)}``."""
+        state = self.events.state_dict()
+        if self.terrain_levels is not None:
+            state["terrain"] = self.terrain_levels.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores the current randomization ranges and the curriculum's step count."""
+        """Restores the current randomization ranges, the curriculum's step count and terrain levels."""
         self.events.load_state_dict(state)
+        if self.terrain_levels is not None and "terrain" in state:
+            self.terrain_levels.load_state_dict(state["terrain"])
 
     def observation_layout(self) -> dict[str, list[dict]]:
         """Per group, the terms in order: name, function, start, size, scale, clip, params (for
@@ -251,6 +261,8 @@ class LegionEnv(VecEnv):
             f"Episode_Reward/{name}": (sums * finished).sum() / seconds for name, sums in self.episode_sums.items()}}
         for sums in self.episode_sums.values():
             sums.masked_fill_(mask, 0.0)
+        if self.terrain_levels is not None:  # levels move by the distance walked; origins follow
+            self.terrain_levels.update(mask)
         # The default state of every entity, the reset events' perturbations, then body poses (FK).
         robot, rows = self.robot, mask[:, None]
         robot.joint_pos[:] = torch.where(rows, robot.default_joint_pos, robot.joint_pos)

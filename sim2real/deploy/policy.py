@@ -17,6 +17,10 @@ A robot state is a dict of numpy arrays, in SI units and the joint order of
 - ``base_lin_vel`` (3,) [m/s] and ``base_ang_vel`` (3,) [rad/s], in the BASE frame (what an
   IMU and a state estimator report)
 - ``base_pos`` (3,) [m], world frame (only if a policy term needs the base height)
+- ``height_scan`` (P,) [m] (only if the policy scans the terrain): the terrain's height minus the
+  base's height (negative below the base), at the P points ``metadata["height_scan"]["points"]``
+  [m], given in the base's heading frame (x forward, y left; turning with the base's yaw only),
+  in that order: what an elevation map around the robot reports
 - ``timestamp`` [s]: when the sensors were sampled (used by the control loop's watchdog)
 """
 
@@ -78,8 +82,15 @@ OBSERVATION_TERMS = {
     "last_action": lambda state, command, runner: runner.last_action,
     "base_height": _base_height,
 }
+# Terms whose edge version depends on the term's exported params: func name -> params -> term.
+PARAMETRIC_TERMS = {
+    # Training: base height above the terrain at each point - offset.
+    "height_scan": lambda params: (lambda state, command, runner, offset=float(params["offset"]):
+                                   -np.asarray(state["height_scan"], np.float32) - offset),
+}
 # The robot-state keys each term reads (for clear errors at load time and at every step).
 TERM_STATE_KEYS = {
+    "height_scan": ("height_scan",),
     "base_lin_vel": ("base_lin_vel",), "base_ang_vel": ("base_ang_vel",), "projected_gravity": ("base_quat",),
     "joint_pos_rel": ("joint_pos",), "joint_vel": ("joint_vel",), "base_height": ("base_pos",),
     "velocity_commands": (), "last_action": (),
@@ -235,9 +246,11 @@ class PolicyRunner:
         self.terms = []
         for term in meta["observation"]["terms"]:
             func = OBSERVATION_TERMS.get(term["func"])
+            if term["func"] in PARAMETRIC_TERMS:
+                func = PARAMETRIC_TERMS[term["func"]](term.get("params") or {})
             if func is None:
                 raise PolicyLoadError(f"{path}: observation term '{term['name']}' (function {term['func']}) has no "
-                                      f"edge-runtime version; known: {sorted(OBSERVATION_TERMS)}. "
+                                      f"edge-runtime version; known: {sorted({*OBSERVATION_TERMS, *PARAMETRIC_TERMS})}. "
                                       "Add it to sim2real/deploy/policy.py OBSERVATION_TERMS.")
             joints = (term.get("params") or {}).get("joints")  # a subset of the joints (metadata version 2)
             if joints is not None and list(joints) != list(range(len(meta["joint_names"]))):

@@ -11,6 +11,7 @@ import warp as wp
 from legion.configs.schema import Robot, Scene
 from legion.tasks.sim.scene import Articulation, Fixture, JOINT_PARAMS, RigidObject, build_world, resolve_asset
 from legion.tasks.sim.solver import PARAM_FLAGS, SOLVERS
+from legion.tasks.sim.terrain import Terrain, generate
 
 # Warp's CPU kernels point a static of their module at the calling thread's tile arena (LLVM's
 # JIT has no thread-local storage), so two threads running them at once corrupt each other's
@@ -50,6 +51,8 @@ class NewtonSim:
     Attributes:
         scene: the entities by name (``"robot"``, then objects and fixtures in config order).
         robot: ``scene["robot"]``, an :class:`Articulation`.
+        terrain: the generated :class:`~legion.tasks.sim.terrain.Terrain` all worlds share
+            (``scene.ground.terrain``), or ``None`` (a plane at z = 0, or no ground).
     """
 
     @_one_thread_at_a_time
@@ -80,8 +83,19 @@ class NewtonSim:
         builder = newton.ModelBuilder()
         builder.rigid_gap = contact_gap
         builder.replicate(world, num_envs)
+        self.terrain = None
         if scene.ground is not None:  # shared by all worlds, so it comes after them (shape_world -1)
-            builder.add_ground_plane(cfg=newton.ModelBuilder.ShapeConfig(mu=scene.ground.friction, gap=contact_gap))
+            ground = newton.ModelBuilder.ShapeConfig(mu=scene.ground.friction, gap=contact_gap)
+            if scene.ground.terrain is None:
+                builder.add_ground_plane(cfg=ground)
+            else:
+                self.terrain = Terrain(generate(scene.ground.terrain), device)
+                heights, r, (x0, y0) = self.terrain.map.heights, self.terrain.map.resolution, self.terrain.map.corner
+                rows, cols = heights.shape
+                hx, hy = (cols - 1) * r / 2, (rows - 1) * r / 2
+                builder.add_shape_heightfield(
+                    xform=wp.transform((x0 + hx, y0 + hy, 0.0), wp.quat_identity()), cfg=ground, label="terrain",
+                    heightfield=newton.Heightfield(data=heights, nrow=rows, ncol=cols, hx=hx, hy=hy))
         self.model = model = builder.finalize(device=device)
         self.state, self.control = model.state(), model.control()
         newton.eval_fk(model, model.joint_q, model.joint_qd, self.state)
@@ -185,6 +199,12 @@ class NewtonSim:
             self._reset_mask_t[worlds] = True
         self._newton.eval_fk(self.model, self.state.joint_q, self.state.joint_qd, self.state, mask=self._fk_mask)
         self.solver.reset(self.state, self._reset_mask)
+
+    def ground_height(self, xy: torch.Tensor) -> torch.Tensor:
+        """Height [m] of the ground under world points ``xy`` (..., 2) [m]: the terrain's, else 0."""
+        if self.terrain is None:
+            return torch.zeros(xy.shape[:-1], device=xy.device)
+        return self.terrain.height_at(xy)
 
     def params_changed(self, *names: str) -> None:
         """Marks per-env parameters (names as in ``PARAM_FLAGS``) as edited; the next :meth:`step`
