@@ -28,12 +28,15 @@ from legion.tasks.sim import NewtonSim
 
 
 class ContactTimers:
-    """Per-body air and contact time of the robot, for gait rewards. Shapes (num_envs, num_bodies) [s]."""
+    """Per-body air and contact time of the robot, for gait rewards. Shapes (num_envs, num_bodies) [s]:
+    ``air_time`` / ``contact_time`` the current phase's duration so far (0 in the other phase),
+    ``last_air_time`` the last completed flight, ``first_contact`` a touchdown this step."""
 
     def __init__(self, env, threshold: float = 1.0):
         n, b = env.num_envs, env.robot.num_bodies
         self.env, self.threshold = env, threshold
         self.air_time = torch.zeros(n, b, device=env.device)
+        self.contact_time = torch.zeros_like(self.air_time)
         self.last_air_time = torch.zeros_like(self.air_time)
         self.first_contact = torch.zeros(n, b, dtype=torch.bool, device=env.device)
 
@@ -42,9 +45,11 @@ class ContactTimers:
         self.first_contact = in_contact & (self.air_time > 0.0)
         self.last_air_time = torch.where(self.first_contact, self.air_time + dt, self.last_air_time)
         self.air_time = torch.where(in_contact, 0.0, self.air_time + dt)
+        self.contact_time = torch.where(in_contact, self.contact_time + dt, 0.0)
 
     def reset(self, mask: torch.Tensor) -> None:
         self.air_time.masked_fill_(mask[:, None], 0.0)
+        self.contact_time.masked_fill_(mask[:, None], 0.0)
         self.last_air_time.masked_fill_(mask[:, None], 0.0)
 
 

@@ -7,8 +7,9 @@ only through the torch views of its entities (``sim.scene[name]``, ``sim.robot``
 touch a Newton object, so a second backend can serve the same tasks by providing the same views.
 
 Modules: :mod:`.scene` (building one world, the entity views), :mod:`.simulation` (the replicated
-worlds, the captured step, resets, parameter publishing), :mod:`.solver` (what differs between
-SolverMuJoCo and XPBD; the one user of Newton's and MuJoCo Warp's private names).
+worlds, the captured step, resets, parameter publishing), :mod:`.terrain` (generated terrain:
+heights, tiles, lookup), :mod:`.solver` (what differs between SolverMuJoCo and XPBD; the one user
+of Newton's and MuJoCo Warp's private names).
 
 Conventions: every view is a float32 torch tensor on ``device`` sharing memory with Newton,
 shaped (num_envs, ...). A name's suffix is its frame: ``_w`` world, ``_b`` the entity's root (body)
@@ -24,6 +25,8 @@ frame. Quaternions are (x, y, z, w).
   computed in the root frame; ``root_wrench_w`` (num_envs, 6) [N, N m] an external force and torque.
   ``None`` for a fixed base.
 - Bodies: ``body_pos_w`` (num_envs, num_bodies, 3) [m], ``body_quat_w`` (num_envs, num_bodies, 4),
+  ``body_lin_vel_w`` / ``body_ang_vel_w`` (num_envs, num_bodies, 3) [m/s, rad/s] (linear velocity
+  of each body's centre of mass),
   ``contact_forces_w`` (num_envs, num_bodies, 3) [N]: the net contact force on each body at the
   last physics step of the control step (``task.scene.contact_sensing``; sim=mujoco only).
 - The whole world: ``sim.joint_q`` / ``sim.joint_qd`` (num_envs, coordinates / DoFs of a world),
@@ -43,6 +46,11 @@ each entity's values at construction are in ``entity.defaults[name]``):
   keeps the model's); ``joint_friction`` [N m] (dry friction loss: MuJoCo adds a constraint row
   per joint, ~15% slower stepping); ``joint_armature`` [kg m^2] (rotor inertia).
 - ``sim.gravity`` (num_envs, 3) [m/s^2], world frame.
+
+The ground (``scene.ground``): a plane at z = 0, or a generated terrain all worlds share
+(``scene.ground.terrain``; :mod:`.terrain`), one heightfield in MuJoCo's collision.
+``sim.terrain`` holds its heights and tile origins on the device; ``sim.ground_height(xy)`` gives
+the ground's height [m] under world points (..., 2) for either.
 
 Protocols: after writing parameters, name them with :meth:`NewtonSim.params_changed`; the next
 :meth:`NewtonSim.step` hands them to the solver (no rebuild, no recompile; the captured graph

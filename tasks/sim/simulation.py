@@ -108,6 +108,7 @@ class NewtonSim:
         self.joint_q = wp.to_torch(self.state.joint_q).view(n, coords)  # generalized coordinates
         self.joint_qd = wp.to_torch(self.state.joint_qd).view(n, dofs)  # generalized velocities
         self.body_q = wp.to_torch(self.state.body_q).view(n, bodies, 7)  # body poses, world frame
+        self.body_qd = wp.to_torch(self.state.body_qd).view(n, bodies, 6)  # COM linear, angular velocity, world frame
         self.joint_target_q = wp.to_torch(self.control.joint_target_q).view(n, coords)
         self.joint_f = wp.to_torch(self.control.joint_f).view(n, dofs)
         self.shape_body = wp.to_torch(model.shape_body)[:shapes].clone()  # body of each shape (-1: static)
