@@ -86,8 +86,8 @@ EXPORT_HELP = """usage: legion export run=<run folder> [checkpoint=PATH] [out=DI
 Exports the run's newest good checkpoint (or `checkpoint=`) to DIR (default <run>/exported/):
 policy.onnx (fp32, opset 17, dynamic batch, normalizer folded in), policy_fp16.onnx and
 policy.json (joint order, default pose, action scale/offset, PD gains, effort and joint limits,
-control dt, observation layout, command and randomization ranges, tracking terms, fall
-conditions, config hash, version).
+control dt, observation layout, height-scan points, command and randomization ranges,
+tracking terms, fall conditions, config hash, version).
 
 Every export is verified and the command fails if a check fails: onnx.checker; onnxruntime
 vs torch on observations from `steps` (default 50) policy steps in the task's env (max abs

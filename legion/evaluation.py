@@ -244,7 +244,10 @@ def measure(loaded: LoadedRun, options: Options) -> dict:
     if kind not in METRICS:
         raise ValueError(f"task {loaded.settings.task.name}: no evaluation metrics for command type {kind!r}; "
                          f"legion eval measures {sorted(METRICS)} tasks.")
-    report = METRICS[kind][0](loaded, options)
+    import torch
+
+    with torch.inference_mode():  # a trained env's buffers are inference tensors (any write must be in this mode)
+        report = METRICS[kind][0](loaded, options)
     return {"task": loaded.settings.task.name, "kind": kind, "run": str(loaded.run), "checkpoint": loaded.checkpoint.name,
             "iteration": int(loaded.runner.iteration), "device": loaded.settings.device,
             "options": {"commands": options.commands, "envs_per_command": options.envs_per_command,

@@ -81,3 +81,24 @@ def test_legion_eval_prints_a_table_and_writes_json_and_a_plot_beside_the_run(st
     assert [r["command"] for r in report["rows"]] == ["sprint", "still"]
     assert report["rows"][0]["v_x"] == 1.0 and report["rows"][0]["clamped"]  # the task's range is [-1, 1]
     assert (still_run / "eval" / "model_1.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_on_rough_terrain_eval_reports_the_levels_the_checkpoint_reached_and_holds_them(tmp_path):
+    """Levels saved by a 4-env run are dealt out to the 6 evaluation envs and stay put (the
+    curriculum is frozen while evaluating)."""
+    from legion import runs
+    from legion.agents.runner import Runner
+    from legion.evaluation import Options, evaluate
+
+    cfg = compose("task=quadruped_rough", "sim.num_envs=4", "task.scene.ground.terrain.num_levels=3",
+                  "task.scene.ground.terrain.num_cols=6", "task.scene.ground.terrain.border=2")
+    runs.save_config(cfg, tmp_path / "config.yaml")
+    env = runs.make_env(cfg)
+    env.terrain_levels.levels = torch.tensor([2, 2, 1, 1])
+    runner = Runner(env, runs.typed(cfg).agent, log_dir=None)
+    runner.save(tmp_path / "model_0.pt")
+    options = Options(commands={"forward": [1.0, 0.0, 0.0], "stand": [0.0, 0.0, 0.0], "yaw": [0.0, 0.0, 1.0]},
+                      envs_per_command=2, duration_s=0.5, settle_s=0.2)
+    report = evaluate(tmp_path, options)
+    levels = [row["terrain_level"] for row in report["rows"]]
+    assert sum(levels) / 3 == pytest.approx(1.5) and all(1.0 <= level <= 2.0 for level in levels)
