@@ -104,8 +104,10 @@ def test_every_command_has_help(tmp_path):
     top = legion("--help", cwd=tmp_path)
     assert top.returncode == 0 and "train" in top.stdout and "play" in top.stdout and "quadruped_flat" in top.stdout
     train = legion("train", "--help", cwd=tmp_path)
-    assert train.returncode == 0 and "legion train" in train.stdout and "task: cartpole, quadruped_flat" in train.stdout
-    for command, usage in (("play", "run=<run folder>"), ("export", "legion export run=<run folder>"),
+    assert train.returncode == 0 and "legion train" in train.stdout
+    assert "task: biped_flat, cartpole, quadruped_flat, quadruped_rough" in train.stdout
+    for command, usage in (("play", "run=<run folder>"), ("eval", "legion eval run=<run folder>"),
+                           ("export", "legion export run=<run folder>"),
                            ("sim2sim", "legion sim2sim run=<run folder>"), ("randomization", "legion randomization"),
                            ("train resume=x", "legion train resume=<run folder>")):
         result = legion(*command.split(), "--help", cwd=tmp_path)
