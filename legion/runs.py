@@ -141,7 +141,8 @@ def validate(cfg: schema.Train) -> None:
     sim, agent = cfg.sim, cfg.agent
     positive = {"sim.num_envs": sim.num_envs, "sim.decimation": sim.decimation, "sim.dt": sim.dt,
                 "agent.num_steps_per_env": agent.num_steps_per_env, "agent.save_interval": agent.save_interval,
-                "agent.log_interval": agent.log_interval, "task.episode_length_s": cfg.task.episode_length_s,
+                "agent.log_interval": agent.log_interval, "agent.max_nonfinite_updates": agent.max_nonfinite_updates,
+                "task.episode_length_s": cfg.task.episode_length_s,
                 "agent.algorithm.learning_rate": agent.algorithm.learning_rate,
                 "agent.algorithm.num_learning_epochs": agent.algorithm.num_learning_epochs,
                 "agent.algorithm.num_mini_batches": agent.algorithm.num_mini_batches}
