@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import make_runner
+from conftest import compose, make_runner
 from legion.agents.checkpoints import (CheckpointError, latest_checkpoint, latest_good_checkpoint, load_checkpoint,
                                        prune, save_checkpoint)
 
@@ -100,3 +100,39 @@ def test_pruning_keeps_the_newest_and_every_kth(tmp_path):
     deleted = prune(tmp_path, keep_last=3, keep_every=5)
     kept = sorted(int(p.stem.split("_")[1]) for p in tmp_path.glob("model_*.pt"))
     assert kept == [5, 10, 11, 12] and len(deleted) == 8
+
+
+def test_a_resumed_run_purges_the_tensorboard_steps_logged_after_its_checkpoint(tmp_path):
+    """Killed after iteration 5 was logged but before its checkpoint, resumed from model_3.pt: TensorBoard
+    shows each iteration once, steps 4 and 5 from the resumed attempt (SummaryWriter's purge_step)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def rewards():
+        events = EventAccumulator(str(tmp_path))
+        events.Reload()
+        return events.Scalars("Train/mean_reward")
+
+    first = make_runner(*SMALL, "agent.save_interval=3", log_dir=tmp_path)
+    first.learn(5)
+    (tmp_path / "model_5.pt").unlink()  # the kill came before this checkpoint was written
+    assert [e.step for e in rewards()] == [1, 2, 3, 4, 5]
+
+    resumed = make_runner(*SMALL, "agent.save_interval=3", log_dir=tmp_path)
+    resumed.load(latest_good_checkpoint(tmp_path)[0])
+    resumed.learn(6)
+    resumed.log.flush()
+    events = rewards()
+    assert [e.step for e in events] == [1, 2, 3, 4, 5, 6]
+    assert [e.value for e in events[3:]] == pytest.approx([h["mean_reward"] for h in resumed.history])
+
+
+def test_resume_falls_back_past_a_truncated_newest_checkpoint_with_a_warning_naming_it(tmp_path, capsys):
+    from legion import runs
+
+    runs.train(compose(*SMALL, "agent.save_interval=1", "agent.max_iterations=2"), tmp_path)
+    data = (tmp_path / "model_2.pt").read_bytes()
+    (tmp_path / "model_2.pt").write_bytes(data[: len(data) // 2])  # e.g. a copy cut short, a full disk
+    with pytest.warns(UserWarning, match=r"Checkpoint .*model_2\.pt is unreadable .*Falling back to an earlier"):
+        runner = runs.train(runs.load_run_config(tmp_path, ["agent.max_iterations=3"]), tmp_path, resume=True)
+    assert f"resumed from {tmp_path / 'model_1.pt'} at iteration 1" in capsys.readouterr().out
+    assert runner.iteration == 3 and load_checkpoint(tmp_path / "model_3.pt")["iteration"] == 3
