@@ -352,8 +352,9 @@ class PolicyRunner:
                 raise ValueError(f"observation term '{name}' has {value.shape[0]} values, the policy expects {size}")
             obs[start:start + size] = value
             start += size
-        # One reduction: a float64 sum of float32 values cannot overflow, and any NaN or Inf makes it non-finite.
-        if not math.isfinite(np.add.reduce(obs, dtype=np.float64)):
+        # A NaN or Inf makes the sum non-finite; a Python (float64) sum of float32 values cannot overflow.
+        # (Measured: a numpy reduction here costs ~8 us right after onnxruntime, this ~1 us.)
+        if not math.isfinite(sum(obs.tolist())):
             bad = [k for k in self.state_keys if not np.isfinite(np.asarray(state[k], np.float32)).all()]
             raise NonFiniteError(f"non-finite robot state {bad + ['command'] * (not np.isfinite(command).all())}")
         if self.obs_clipped:
@@ -375,7 +376,7 @@ class PolicyRunner:
         if self.action_clip:
             action = np.clip(action, -self.action_clip, self.action_clip)
         targets = self.action_offset + self.action_scale * action
-        if not math.isfinite(np.add.reduce(targets, dtype=np.float64)):
+        if not math.isfinite(sum(targets.tolist())):
             raise NonFiniteError("non-finite policy output (NaN or Inf) for a finite observation: the ONNX model "
                                  "is broken. Re-export it (legion export verifies the file before writing it).")
         self.last_obs, self.last_action, self.hidden = obs, action.astype(np.float32), hidden
