@@ -128,17 +128,20 @@ class TrainingLog:
         self.samples, self.log_dir, self.log_interval, self.device = samples_per_iteration, log_dir, log_interval, device
         self.recent: deque = deque()  # per iteration: {"count", "return_sum", "length_sum"} of its episodes
         self.history: deque = deque(maxlen=10_000)
-        self.writer = None
-        self.start(0, None)
+        self.writer = None  # opened by start(), when training begins and a resume's purge step is known
+        self.start_iteration, self.max_iterations, self.start_time = 0, None, time.time()
 
     def start(self, iteration: int, max_iterations: int | None, purge_step: int | None = None) -> None:
         """A ``learn()`` call begins at ``iteration``: clocks and ETA restart. ``purge_step``: a
         resumed run drops TensorBoard events from that step on (those of the attempt that was cut)."""
         self.start_iteration, self.max_iterations, self.start_time = iteration, max_iterations, time.time()
-        if self.log_dir is not None and self.writer is None:
-            from torch.utils.tensorboard import SummaryWriter
+        if self.log_dir is not None:
+            if purge_step is not None:
+                self.close()  # TensorBoard reads a purge at the start of an event file: open a new one
+            if self.writer is None:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=10, purge_step=purge_step)
+                self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=10, purge_step=purge_step)
 
     def _recent(self, key: str) -> float:
         count = sum(r["count"] for r in self.recent)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import make_runner
+from conftest import compose, make_runner
 from legion.agents.runner import TrainingDiverged
 from legion.agents.checkpoints import (CheckpointError, latest_checkpoint, latest_good_checkpoint, load_checkpoint,
                                        prune, save_checkpoint)
@@ -118,3 +118,39 @@ def test_training_stops_with_a_checkpoint_when_too_many_worlds_go_nan(tmp_path):
         runner.learn(5)
     assert runner.iteration == 2 and latest_checkpoint(tmp_path).name == "model_2.pt"
     assert all(torch.isfinite(t).all() for t in runner.ppo.actor.state_dict().values())
+
+
+def test_a_resumed_run_purges_the_tensorboard_steps_logged_after_its_checkpoint(tmp_path):
+    """Killed after iteration 5 was logged but before its checkpoint, resumed from model_3.pt: TensorBoard
+    shows each iteration once, steps 4 and 5 from the resumed attempt (SummaryWriter's purge_step)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def rewards():
+        events = EventAccumulator(str(tmp_path))
+        events.Reload()
+        return events.Scalars("Train/mean_reward")
+
+    first = make_runner(*SMALL, "agent.save_interval=3", log_dir=tmp_path)
+    first.learn(5)
+    (tmp_path / "model_5.pt").unlink()  # the kill came before this checkpoint was written
+    assert [e.step for e in rewards()] == [1, 2, 3, 4, 5]
+
+    resumed = make_runner(*SMALL, "agent.save_interval=3", log_dir=tmp_path)
+    resumed.load(latest_good_checkpoint(tmp_path)[0])
+    resumed.learn(6)
+    resumed.log.flush()
+    events = rewards()
+    assert [e.step for e in events] == [1, 2, 3, 4, 5, 6]
+    assert [e.value for e in events[3:]] == pytest.approx([h["mean_reward"] for h in resumed.history])
+
+
+def test_resume_falls_back_past_a_truncated_newest_checkpoint_with_a_warning_naming_it(tmp_path, capsys):
+    from legion import runs
+
+    runs.train(compose(*SMALL, "agent.save_interval=1", "agent.max_iterations=2"), tmp_path)
+    data = (tmp_path / "model_2.pt").read_bytes()
+    (tmp_path / "model_2.pt").write_bytes(data[: len(data) // 2])  # e.g. a copy cut short, a full disk
+    with pytest.warns(UserWarning, match=r"Checkpoint .*model_2\.pt is unreadable .*Falling back to an earlier"):
+        runner = runs.train(runs.load_run_config(tmp_path, ["agent.max_iterations=3"]), tmp_path, resume=True)
+    assert f"resumed from {tmp_path / 'model_1.pt'} at iteration 1" in capsys.readouterr().out
+    assert runner.iteration == 3 and load_checkpoint(tmp_path / "model_3.pt")["iteration"] == 3

@@ -11,7 +11,8 @@ needs ``mujoco`` and is imported only when used.
 """
 
 from legion.sim2real.deploy.loop import ControlLoop, LoopStats, RobotInterface, SafetyConfig
-from legion.sim2real.deploy.policy import OnnxPolicy, PolicyLoadError, PolicyRunner, quat_rotate_inverse
+from legion.sim2real.deploy.policy import (NonFiniteError, OnnxPolicy, PolicyLoadError, PolicyRunner, StateError,
+                                          quat_rotate_inverse)
 
-__all__ = ["ControlLoop", "LoopStats", "OnnxPolicy", "PolicyLoadError", "PolicyRunner", "RobotInterface",
-           "SafetyConfig", "quat_rotate_inverse"]
+__all__ = ["ControlLoop", "LoopStats", "NonFiniteError", "OnnxPolicy", "PolicyLoadError", "PolicyRunner",
+           "RobotInterface", "SafetyConfig", "StateError", "quat_rotate_inverse"]
