@@ -21,7 +21,7 @@ from tensordict import TensorDict
 
 from legion.configs.schema import Sim, Task
 from legion.tasks import mdp
-from legion.tasks.sim import NewtonSim
+from legion.tasks.sim import SOLVER_LIMITS, NewtonSim
 
 
 class ContactTimers:
@@ -139,7 +139,9 @@ class LegionEnv(VecEnv):
         """One control step. Returns (observations, rewards (N,), dones (N,), extras).
 
         ``extras["time_outs"]`` (N,) bool marks episodes cut by the time limit (bootstrapped by
-        PPO), ``extras["log"]`` holds per-term episode sums of the worlds that finished.
+        PPO), ``extras["log"]`` holds per-term episode sums of the worlds that finished and the
+        fraction of worlds whose solver hit each limit (``Solver/<limit>_fraction``, see
+        :data:`legion.tasks.sim.SOLVER_LIMITS`).
         """
         self.action.apply(actions.to(self.device))
         self.sim.step()
@@ -148,7 +150,9 @@ class LegionEnv(VecEnv):
             self.command.step()
         if self.contacts is not None:
             self.contacts.step(self.step_dt)
-        self.extras = {"log": {}}
+        # The share of worlds whose solver stopped at a limit this step (device tensors: no sync).
+        limits = self.sim.solver_limits / self.num_envs
+        self.extras = {"log": {f"Solver/{name}_fraction": value for name, value in zip(SOLVER_LIMITS, limits)}}
         self._compute_terminations()
         rewards = self._compute_rewards()
         dones = self.terminated | self.time_outs
