@@ -80,8 +80,8 @@ def train(setting: str, num_envs: int, iterations: int, seed: int):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", nargs="+", default=["10/10/1e-6", "20/20/1e-6", "10/4/1e-6", "8/8/1e-6", "6/6/1e-6",
-                                                           "4/4/1e-6", "10/10/1e-4"],
+    parser.add_argument("--settings", nargs="+",
+                        default=["10/10/1e-6", "20/20/1e-6", "10/4/1e-6", "8/8/1e-6", "6/6/1e-6", "4/4/1e-6", "10/10/1e-4"],
                         help="iterations/ls_iterations/tolerance of each setting")
     parser.add_argument("--num-envs", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=100, help="control steps per measurement")
@@ -99,8 +99,8 @@ def main():
         learning.append(row)
         if policy is None:
             policy = runner.ppo.get_policy().eval()
-    envs = {s: make_env(compose("task=quadruped_flat", f"sim.num_envs={args.num_envs}", f"seed={args.seed}", *overrides(s)))
-            for s in args.settings}
+    envs = {s: make_env(compose("task=quadruped_flat", f"sim.num_envs={args.num_envs}", f"seed={args.seed}",
+                                *overrides(s))) for s in args.settings}
     num_actions = next(iter(envs.values())).num_actions
     actions = torch.randn(args.steps, args.num_envs, num_actions, generator=torch.Generator().manual_seed(args.seed))
     random = step_in_turns(envs, lambda obs, i: actions[i], args.steps)
@@ -117,8 +117,10 @@ def main():
         for label, results in (("random", random), ("policy", trained)):
             if setting in results:
                 r = results[setting]
-                row.update({f"{label}: env-steps/s": r["env-steps/s"], f"{label}: ls limit %": 100 * r["linesearch_limit"],
-                            f"{label}: it limit %": 100 * r["iteration_limit"], f"{label}: overflow %": 100 * r["overflow"]})
+                row.update({f"{label}: env-steps/s": r["env-steps/s"],
+                            f"{label}: ls limit %": 100 * r["linesearch_limit"],
+                            f"{label}: it limit %": 100 * r["iteration_limit"],
+                            f"{label}: overflow %": 100 * r["overflow"]})
         rows.append(row)
     # Shares to 1e-4 %: one world control step in 100,000 (the default run measures ~100,000 per cell).
     print_table([{k: f"{v:.4f}" if k.endswith("%") else v for k, v in row.items()} for row in rows])
@@ -127,7 +129,10 @@ def main():
         print_table([{**r, "limit": f"{r['limit']:.4%}", "overflow": f"{r['overflow']:.4%}"} for r in learning])
     minutes = (time.perf_counter() - started) / 60
     print(f"took {minutes:.1f} min")
-    print(f"wrote {write_json('solver_settings', rows, task='quadruped_flat', num_envs=args.num_envs, steps=args.steps, learning=learning, train_envs=args.train_envs, train_iterations=args.train_iterations, seed=args.seed, minutes=minutes)}")
+    path = write_json("solver_settings", rows, task="quadruped_flat", num_envs=args.num_envs, steps=args.steps,
+                      learning=learning, train_envs=args.train_envs, train_iterations=args.train_iterations,
+                      seed=args.seed, minutes=minutes)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -61,4 +61,5 @@ from legion.tasks.sim.scene import Articulation, Entity, Fixture, RigidObject, r
 from legion.tasks.sim.simulation import NewtonSim
 from legion.tasks.sim.solver import PARAM_FLAGS, SOLVER_LIMITS
 
-__all__ = ["Articulation", "Entity", "Fixture", "NewtonSim", "PARAM_FLAGS", "RigidObject", "SOLVER_LIMITS", "resolve_asset"]
+__all__ = ["Articulation", "Entity", "Fixture", "NewtonSim", "PARAM_FLAGS", "RigidObject", "SOLVER_LIMITS",
+           "resolve_asset"]

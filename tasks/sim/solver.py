@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import mujoco_warp as mjw
+import numpy as np
 import torch
 import warp as wp
 
@@ -179,8 +179,10 @@ class MuJoCo:
         # Stepping one State in place keeps every torch view valid (MuJoCo reads state_in before
         # it writes state_out).
         self.solver.step(state, state, control, None, dt)
-        # Newton clears Data.overflow before each step; this keeps the bits of every physics step.
-        wp.launch(_gather_overflow_kernel, dim=self.sim.num_envs, inputs=[self.solver.mjw_data.overflow, self._overflow_hit],
+        # MuJoCo Warp only ever ORs bits into Data.overflow: taking and clearing them after every
+        # physics step counts each step's once, whether or not Newton clears them too.
+        overflow = self.solver.mjw_data.overflow
+        wp.launch(_gather_overflow_kernel, dim=self.sim.num_envs, inputs=[overflow, self._overflow_hit],
                   device=self.sim.device)
 
     def finish_control_step(self, state) -> None:
