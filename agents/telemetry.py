@@ -194,6 +194,11 @@ class TrainingLog:
         total = f"/{self.max_iterations}" if self.max_iterations else ""
         eta = f"ETA {format_duration(elapsed / done * (self.max_iterations - it))}" if self.max_iterations else "until stopped"
         middle = report.get("progress") or f"value loss {report['losses']['value']:.3g}"
+        logs = report["env_logs"]  # the env's share of world-steps whose solver hit a limit, if it counts them
+        if "Solver/limit_fraction" in logs:
+            middle += f" | solver limits {logs['Solver/limit_fraction']:.2%}/step"
+            if logs.get("Solver/overflow_fraction"):  # contacts or constraints were dropped: rare, and worth a look
+                middle += f", overflow {logs['Solver/overflow_fraction']:.2%}"
         print(f"[it {it}{total}] {perf['env_steps_per_s']:,.0f} steps/s | reward {self.mean_return:8.2f} | "
               f"ep len {self.mean_length:6.1f} | {middle} | lr {report['learning_rate']:.1e} | "
               f"mem {perf['memory_mb'] / 1024:.1f} GiB | {format_duration(elapsed)} elapsed, {eta}", flush=True)

@@ -24,7 +24,7 @@ from tensordict import TensorDict
 
 from legion.configs.schema import Sim, Task
 from legion.tasks import mdp
-from legion.tasks.sim import NewtonSim
+from legion.tasks.sim import SOLVER_LIMITS, NewtonSim
 
 
 class ContactTimers:
@@ -143,9 +143,10 @@ class LegionEnv(VecEnv):
 
         ``extras["time_outs"]`` (N,) bool marks episodes cut by the time limit (bootstrapped by
         PPO); ``extras["log"]`` holds this step's scalars (termination shares, randomization
-        ranges); ``extras["episodes"]`` sums over the episodes that ended this step: ``count`` and
-        per reward term ``Episode_Reward/<term>`` (each episode's reward per second). All are
-        device tensors (or Python numbers), never read back here.
+        ranges, the share of worlds whose solver hit each limit: ``Solver/<limit>_fraction``, see
+        :data:`legion.tasks.sim.SOLVER_LIMITS`); ``extras["episodes"]`` sums over the episodes that
+        ended this step: ``count`` and per reward term ``Episode_Reward/<term>`` (each episode's
+        reward per second). All are device tensors (or Python numbers), never read back here.
         """
         self.action.apply(actions.to(self.device))
         self.sim.step()
@@ -154,7 +155,9 @@ class LegionEnv(VecEnv):
             self.command.step()
         if self.contacts is not None:
             self.contacts.step(self.step_dt)
-        self.extras = {"log": {}}
+        # The share of worlds whose solver stopped at a limit this step (device tensors: no sync).
+        limits = self.sim.solver_limits / self.num_envs
+        self.extras = {"log": {f"Solver/{name}_fraction": value for name, value in zip(SOLVER_LIMITS, limits)}}
         self._compute_terminations()
         rewards = self._compute_rewards()
         dones = self.terminated | self.time_outs

@@ -1,5 +1,7 @@
 """PPO on rsl-rl's core: it learns cart-pole, and checkpoints restore everything exactly, on any device."""
 
+import re
+
 import pytest
 import torch
 
@@ -18,6 +20,15 @@ def test_ppo_triples_cartpole_episode_length_within_30_iterations():
     runner.learn(30)
     print(f"episode length {start_length:.1f} -> {runner.mean_episode_length:.1f} after {runner.iteration} iterations")
     assert runner.mean_episode_length >= 3 * start_length
+
+
+def test_the_progress_line_shows_how_often_the_solver_hit_a_limit(capsys):
+    runner = make_runner("task=quadruped_flat", "sim.num_envs=4", "agent.num_steps_per_env=8",
+                         "sim.solver_options.ls_iterations=1")  # a linesearch that rarely converges
+    runner.learn(1)
+    line = capsys.readouterr().out
+    share = re.search(r"solver limits ([\d.]+)%/step", line)
+    assert share and float(share.group(1)) > 0, line
 
 
 def test_checkpoint_restores_policy_optimizer_normalizer_and_rng(tmp_path):
