@@ -126,8 +126,8 @@ class AsyncRunner(Runner):
     and telemetry as :class:`legion.agents.runner.Runner`, plus the ``agent`` keys
     ``max_policy_lag`` and ``vtrace.rho_clip`` / ``vtrace.c_clip``."""
 
-    def __init__(self, env, cfg: Agent, log_dir=None, device: str = "cpu"):
-        super().__init__(env, cfg, log_dir, device)
+    def __init__(self, env, cfg: Agent, log_dir=None, device: str = "cpu", group=None):
+        super().__init__(env, cfg, log_dir, device, group)
         self.max_lag = cfg.max_policy_lag
         if self.max_lag < 0:
             raise ValueError(f"agent.max_policy_lag must be >= 0, got {self.max_lag}")

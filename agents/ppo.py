@@ -40,13 +40,21 @@ def _build_models(obs: TensorDict, num_actions: int, cfg: Agent, critic: bool = 
     return actor, MLPModel(obs, groups, "critic", 1, **asdict(cfg.critic)) if critic else NoCritic()
 
 
-def build_ppo(env: VecEnv, cfg: Agent, device: str, storage: RolloutStorage | None = None) -> PPO:
-    """rsl-rl's PPO with MLP actor (Gaussian) and critic, sized from the env's observations."""
+def build_ppo(env: VecEnv, cfg: Agent, device: str, storage: RolloutStorage | None = None,
+              group=None) -> PPO:
+    """rsl-rl's PPO with MLP actor (Gaussian) and critic, sized from the env's observations.
+
+    ``group``: the :class:`legion.agents.distributed.Group` of a multi-process run; its PPO averages
+    gradients and the adaptive learning rate's KL over the ranks and starts from rank 0's weights."""
     obs = env.get_observations()
     actor, critic = _build_models(obs, env.num_actions, cfg)
     if storage is None:
         storage = RolloutStorage("rl", env.num_envs, cfg.num_steps_per_env, obs, [env.num_actions], device)
-    return PPO(actor, critic, storage, device=device, **asdict(cfg.algorithm))
+    ppo = PPO(actor, critic, storage, device=device, multi_gpu_cfg=group.ppo_cfg if group else None,
+              **asdict(cfg.algorithm))
+    if group is not None:
+        ppo.broadcast_parameters()
+    return ppo
 
 
 class NoCritic(torch.nn.Module):

@@ -92,16 +92,20 @@ class Runner:
         cfg: the ``agent`` config (:class:`legion.configs.schema.Agent`).
         log_dir: run folder for checkpoints and TensorBoard; ``None`` writes nothing.
         device: where the policy and learner live (the env's device).
+        group: this rank's :class:`~legion.agents.distributed.Group` in a multi-process run (only
+            rank 0 should get a ``log_dir``; every other rank prints nothing).
     """
 
-    def __init__(self, env, cfg: Agent, log_dir: str | Path | None = None, device: str = "cpu"):
-        self.env, self.cfg, self.device = env, cfg, device
+    def __init__(self, env, cfg: Agent, log_dir: str | Path | None = None, device: str = "cpu", group=None):
+        self.env, self.cfg, self.device, self.group = env, cfg, device, group
         self.log_dir = Path(log_dir) if log_dir else None
         self._stop = threading.Event()  # set by a stop request (and, async, by a worker's error)
         self.stop_requests = StopRequests(self._stop)
-        self.ppo = build_ppo(env, cfg, device, RolloutBuffer(env, cfg.num_steps_per_env, device, self._stop))
+        self.ppo = build_ppo(env, cfg, device, RolloutBuffer(env, cfg.num_steps_per_env, device, self._stop), group)
         self.iteration = 0  # number of completed iterations (= policy version)
-        self.log = TrainingLog(cfg.num_steps_per_env * env.num_envs, self.log_dir, cfg.log_interval, device)
+        world = group.world_size if group else 1
+        self.log = TrainingLog(cfg.num_steps_per_env * env.num_envs * world, self.log_dir, cfg.log_interval, device,
+                               verbose=group is None or group.is_main)
         self.stats = RolloutStats(env.num_envs, device)  # running episodes carry over between learn() calls
         self._last_save_time = time.monotonic()
         self._purge_step: int | None = None  # set by load(): TensorBoard forgets steps after it

@@ -118,14 +118,17 @@ class TrainingLog:
     TensorBoard scalars (with ``log_dir``) and the progress line.
 
     Args:
-        samples_per_iteration: env steps per iteration (num_envs x steps per env).
+        samples_per_iteration: env steps per iteration (num_envs x steps per env x ranks).
         log_dir: TensorBoard folder; ``None`` writes nothing.
         log_interval: print the progress line every N iterations (and at the last).
         device: the learner's device (GPU memory is reported for CUDA).
+        verbose: print the progress line (rank 0 of a multi-process run only).
     """
 
-    def __init__(self, samples_per_iteration: int, log_dir: Path | None, log_interval: int = 1, device: str = "cpu"):
+    def __init__(self, samples_per_iteration: int, log_dir: Path | None, log_interval: int = 1, device: str = "cpu",
+                 verbose: bool = True):
         self.samples, self.log_dir, self.log_interval, self.device = samples_per_iteration, log_dir, log_interval, device
+        self.verbose = verbose
         self.recent: deque = deque()  # per iteration: {"count", "return_sum", "length_sum"} of its episodes
         self.history: deque = deque(maxlen=10_000)
         self.writer = None  # opened by start(), when training begins and a resume's purge step is known
@@ -188,7 +191,7 @@ class TrainingLog:
                        **{f"Loss/{k}": v for k, v in report["losses"].items()}, **report["env_logs"]}
             for key, value in scalars.items():
                 self.writer.add_scalar(key, value, it)
-        if it % self.log_interval and it != self.max_iterations:
+        if not self.verbose or it % self.log_interval and it != self.max_iterations:
             return
         done = it - self.start_iteration
         total = f"/{self.max_iterations}" if self.max_iterations else ""

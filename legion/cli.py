@@ -9,7 +9,9 @@ exit code 2.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 USAGE = """usage: legion <command> [key=value ...]
@@ -18,6 +20,7 @@ commands:
   train          train a policy          legion train task=quadruped_flat sim.num_envs=256
                  a Hydra multirun        legion train -m seed=0,1,2
                  resume a run            legion train resume=runs/cartpole/<date> [checkpoint=FILE]
+                 K processes (torchrun)  legion train --nproc K task=quadruped_flat
   play           run a trained policy    legion play run=runs/cartpole/<date> [episodes=5]
   randomization  what each env draws     legion randomization task=quadruped_flat
   export         export to ONNX          legion export run=runs/quadruped_flat/<date> [out=DIR]
@@ -124,6 +127,13 @@ def _number(name: str, value: str, kind=int):
 def train(args: list[str]) -> None:
     from legion import runs
 
+    if "--nproc" in args:  # a shortcut for torchrun on this machine
+        at = args.index("--nproc")
+        if at + 1 >= len(args) or not args[at + 1].isdigit() or int(args[at + 1]) < 1:
+            raise UsageError("--nproc K: K processes (ranks) on this machine, K >= 1")
+        nproc, rest = args[at + 1], args[:at] + args[at + 2:]
+        os.execvp(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                   f"--nproc_per_node={nproc}", "-m", "legion", "train", *rest])
     if any(a.startswith("resume=") for a in args):
         if any(a in ("-h", "--help") for a in args):
             print(RESUME_HELP)
@@ -137,6 +147,11 @@ def train(args: list[str]) -> None:
     hydra_flags = any(a.startswith("-") for a in args)
     if not multirun and not hydra_flags:  # check now: Hydra would build the simulation first
         runs.validate(runs.typed(runs.compose(*args)))
+    rank = int(os.environ.get("RANK", "0"))
+    if rank > 0:  # torchrun's other ranks: rank 0 alone writes the run folder
+        if multirun:
+            raise UsageError("a Hydra multirun cannot run under torchrun; sweep the distributed runs one by one.")
+        args = [*args, f"hydra.run.dir={tempfile.gettempdir()}/legion-rank{rank}-{os.getpid()}"]
     _hydra_train(args)
 
 
@@ -147,8 +162,8 @@ def _hydra_train(args: list[str]) -> None:
     from legion import runs
     from legion.configs import schema
 
-    def job(cfg) -> None:
-        runs.train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    def job(cfg) -> None:  # Hydra reports a job's errors its own way: report ours as main() does first
+        _run("train", runs.train, cfg, Path(HydraConfig.get().runtime.output_dir))
 
     schema.register()
     main = hydra.main(config_path=str(runs.CONFIG_DIR), config_name="train", version_base="1.3")(job)
@@ -228,6 +243,33 @@ def sim2sim(args: list[str]) -> None:
 COMMANDS = {"train": train, "play": play, "randomization": randomization, "export": export, "sim2sim": sim2sim}
 
 
+def _run(command: str, function, *args) -> None:
+    """Runs a command; bad input (any ValueError: its message names the fix) exits with code 2, a
+    training that cannot go on with code 1, both with one message and no traceback."""
+    try:
+        function(*args)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] in TRAINING_STACK:
+            _fail(command, f"needs the training stack ({e.name} is missing): "
+                           "pip install torch==2.13.0 && pip install 'legion-rl[train]'")
+        raise
+    except (UsageError, ValueError) as e:  # ConfigError, RunError, bad requests
+        _fail(command, str(e))
+    except RuntimeError as e:
+        from legion.sim2real.deploy import PolicyLoadError
+        from legion.sim2real.export import ExportError
+
+        if isinstance(e, (ExportError, PolicyLoadError)):
+            _fail(command, str(e))
+        if "torch" in sys.modules:
+            from legion.agents.runner import TrainingDiverged
+
+            if isinstance(e, TrainingDiverged):  # its message names the causes
+                print(f"legion {command}: {e}", file=sys.stderr)
+                sys.exit(1)
+        raise
+
+
 def main() -> None:
     args = sys.argv[1:]
     if not args or args[0] in ("-h", "--help", "help"):
@@ -240,30 +282,7 @@ def main() -> None:
         from legion.runs import task_names
 
         _fail(command, f"unknown command.\n\n{USAGE.format(tasks=', '.join(task_names()))}")
-    try:
-        COMMANDS[command](rest)
-    except ModuleNotFoundError as e:
-        if e.name and e.name.split(".")[0] in TRAINING_STACK:
-            _fail(command, f"needs the training stack ({e.name} is missing): "
-                           "pip install torch==2.13.0 && pip install 'legion-rl[train]'")
-        raise
-    except UsageError as e:
-        _fail(command, str(e))
-    except ValueError as e:  # ConfigError, RunError, bad requests: the message names the fix
-        _fail(command, str(e))
-    except RuntimeError as e:
-        from legion.sim2real.deploy import PolicyLoadError
-        from legion.sim2real.export import ExportError
-
-        if isinstance(e, (ExportError, PolicyLoadError)):
-            _fail(command, str(e))
-        if "torch" in sys.modules:
-            from legion.agents.runner import TrainingDiverged
-
-            if isinstance(e, TrainingDiverged):  # its message names the causes; no traceback
-                print(f"legion {command}: {e}", file=sys.stderr)
-                sys.exit(1)
-        raise
+    _run(command, COMMANDS[command], rest)
 
 
 if __name__ == "__main__":
