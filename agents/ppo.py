@@ -123,15 +123,20 @@ def restore_if_nonfinite(ppo: PPO, losses: dict, last_good: dict) -> list[str]:
     return bad
 
 
+def map_tensors(obj, fn):
+    """A copy of nested dicts/lists/tuples with ``fn`` applied to every tensor in it."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    return obj
+
+
 def clone_tree(obj):
     """A copy of nested dicts/lists/tuples in which every tensor is cloned (detached)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: clone_tree(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(clone_tree(v) for v in obj)
-    return obj
+    return map_tensors(obj, lambda t: t.detach().clone())
 
 
 class Stopped(Exception):
