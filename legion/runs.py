@@ -37,8 +37,10 @@ class RunError(ValueError):
 
 # --- process ---------------------------------------------------------------------------------------
 def setup_process() -> None:
-    """Process-wide settings every command shares: quiet Warp with its kernel cache, torch threads."""
+    """Process-wide settings every command shares: quiet Warp with its kernel cache, torch threads,
+    offscreen OpenGL for MuJoCo's renderer (chosen when mujoco is first imported)."""
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    os.environ.setdefault("MUJOCO_GL", "egl")
     import torch
     import warp as wp
 

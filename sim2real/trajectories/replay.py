@@ -58,6 +58,7 @@ class ReplayResult:
     initial: dict[str, np.ndarray]
     control_dt: float
     joint_names: list[str]
+    attrs: dict  # the file's attributes
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -159,7 +160,7 @@ def replay(path: str | Path, mode: str = "actions", episodes=None, device: str |
         steps = _Replay(env, loaded, source).run(mode, notes)
     recorded, replayed, error, initial = steps
     return ReplayResult(Path(path), mode, source, list(names), loaded, recorded, replayed, error, initial,
-                        attrs["control_dt"], list(env.robot.joint_names), notes)
+                        attrs["control_dt"], list(env.robot.joint_names), attrs, notes)
 
 
 def _episode_name(f: TrajectoryFile, index) -> str:
@@ -292,8 +293,8 @@ def write_outputs(result: ReplayResult, out: Path, video: bool, plots: bool, ove
             renderer = media.SceneRenderer(f.config, *size)
         try:
             for i, name in enumerate(result.names):
-                frames = media.frames(result, i)
-                written.append(media.write_video(renderer, frames, out / f"{name}.mp4", 1.0 / result.control_dt))
+                written.append(media.write_video(renderer, media.frames(result, i), out / f"{name}.mp4",
+                                                 1.0 / result.control_dt, result.joint_names))
         finally:
             renderer.close()
     if plots:
