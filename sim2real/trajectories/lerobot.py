@@ -269,11 +269,12 @@ def _video_writer(path: Path, fps: int):
 def _render(renderer, episode: Episode, joint_names: list[str], video) -> np.ndarray:
     """Renders each state of the episode into ``video``; returns a sample of the frames (K, H, W, 3)
     for the statistics."""
-    states = episode.group("states")
+    from legion.sim2real.trajectories.media import episode_frames
+
     sample = []
     every = max(1, episode.length // 50)
-    for t in range(episode.length):
-        frame = renderer.render({view: values[t] for view, values in states.items()}, joint_names)
+    for t, state in enumerate(episode_frames(episode)):
+        frame = renderer.render(state, joint_names)
         video.append_data(frame)
         if t % every == 0:
             sample.append(frame)

@@ -24,6 +24,10 @@ SHAPES = {"box": mujoco.mjtGeom.mjGEOM_BOX, "sphere": mujoco.mjtGeom.mjGEOM_SPHE
           "capsule": mujoco.mjtGeom.mjGEOM_CAPSULE, "cylinder": mujoco.mjtGeom.mjGEOM_CYLINDER}
 
 
+class RenderingUnavailable(RuntimeError):
+    """No offscreen OpenGL here; the message says what to install."""
+
+
 def _wxyz(quat) -> list[float]:
     x, y, z, w = quat
     return [w, x, y, z]
@@ -92,17 +96,23 @@ class SceneRenderer:
                             if model.jnt_type[j] in (mujoco.mjtJoint.mjJNT_HINGE, mujoco.mjtJoint.mjJNT_SLIDE)
                             and model.jnt_bodyid[j] in self.robot_bodies]
         self.joint_qpos = np.array([model.jnt_qposadr[model.joint(n).id] for n in self.joint_names], dtype=int)
+        backend = getattr(mujoco, "GLContext", None)
+        if backend is not None and backend.__module__ == "mujoco.glfw" and not os.environ.get("DISPLAY"):
+            raise RenderingUnavailable(
+                "MuJoCo was imported with its windowed (GLFW) backend and there is no display: set MUJOCO_GL=egl "
+                "(or osmesa) before Python starts, or call legion.runs.setup_process() before anything imports mujoco.")
         try:
             self.renderer = mujoco.Renderer(model, height, width)
         except Exception as e:  # no usable OpenGL: say what to install
-            raise RuntimeError(
+            raise RenderingUnavailable(
                 f"MuJoCo cannot render offscreen here (MUJOCO_GL={os.environ.get('MUJOCO_GL')}): {e}. On Debian/Ubuntu: "
                 "apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri (MUJOCO_GL=egl) or libosmesa6 "
                 "(MUJOCO_GL=osmesa); set MUJOCO_GL before Python starts.") from e
+        # A free camera whose target follows the middle of the robot's geometry (MuJoCo's tracking
+        # camera aims at the root body, which leaves a tall robot, e.g. a cart-pole, half out of view).
         self.camera = mujoco.MjvCamera()
-        self.camera.type = mujoco.mjtCamera.mjCAMERA_TRACKING
-        self.camera.trackbodyid = 1  # the robot's root body
-        self.camera.distance = float(np.clip(2.0 * model.stat.extent, 1.0, 6.0))
+        self.camera.type = mujoco.mjtCamera.mjCAMERA_FREE
+        self.camera.distance = float(np.clip(1.8 * model.stat.extent, 1.0, 8.0))
         self.camera.elevation, self.camera.azimuth = -20.0, 135.0
 
     def set_state(self, state: dict[str, np.ndarray], joint_names: list[str]) -> None:
@@ -119,6 +129,8 @@ class SceneRenderer:
             raise ValueError(f"the trajectory has no positions for the MJCF joints {missing}")
         qpos[self.joint_qpos] = state["robot/joint_pos"][[index[n] for n in self.joint_names]]
         mujoco.mj_forward(self.model, self.data)
+        corners = self.data.geom_xpos[self.robot_geoms]
+        self.camera.lookat[:] = (corners.min(0) + corners.max(0)) / 2
 
     def render(self, state: dict[str, np.ndarray], joint_names: list[str]) -> np.ndarray:
         """(height, width, 3) uint8 RGB of the scene in ``state``."""
@@ -157,6 +169,13 @@ def write_video(renderer: SceneRenderer, states, path: Path, fps: float, joint_n
         writer.close()
     tmp.replace(path)
     return path
+
+
+def episode_frames(episode):
+    """The recorded states of an :class:`~.file.Episode`, one dict per step."""
+    states = episode.group("states")
+    for t in range(episode.length):
+        yield {view: values[t] for view, values in states.items()}
 
 
 def frames(result, episode: int):

@@ -256,28 +256,47 @@ def file_attrs(cfg, env, source: str = "sim", checkpoint: Path | None = None) ->
     }
 
 
-def record_run(run: Path, out: Path, episodes: int, checkpoint=None, overrides=(), overwrite: bool = False,
-               loaded=None, on_episode=None) -> Path:
-    """``legion record`` (and ``legion play record=``): the run's policy, deterministic and with
-    observation noise off, on ``sim.num_envs`` envs (default min(episodes, 16)), into ``out``.
-
-    ``on_episode(index, episode)`` is called for each episode as it is written (printing, video).
-    Returns the file's path.
+def record_run(run: Path, episodes: int, out: Path | None = None, video_dir: Path | None = None, checkpoint=None,
+               overrides=(), overwrite: bool = False, loaded=None, on_episode=None,
+               size: tuple[int, int] = (480, 640)):
+    """``legion record`` and ``legion play record= video=``: the run's policy, deterministic and with
+    observation noise off, on ``sim.num_envs`` envs (default min(episodes, 16)). Each episode goes
+    into the trajectory file ``out`` and/or is rendered to ``video_dir/demo_<k>.mp4`` as it ends;
+    ``on_episode(k, episode)`` is called after (printing). Existing outputs are refused unless
+    ``overwrite``. Returns the loaded run (:class:`legion.runs.LoadedRun`).
     """
-    from legion.runs import load_run
+    from contextlib import ExitStack
 
-    out = Path(out)
-    refuse_existing(out, overwrite)
+    from legion.runs import load_run, setup_process
+
+    if out is not None:
+        refuse_existing(Path(out), overwrite)
+    if video_dir is not None and Path(video_dir).exists() and any(Path(video_dir).iterdir()) and not overwrite:
+        refuse_existing(Path(video_dir), overwrite, "video folder")
+    setup_process()  # before mujoco is imported: the offscreen OpenGL backend
     loaded = loaded or load_run(run, checkpoint, overrides, num_envs=min(episodes, 16))
     policy = loaded.runner.ppo.get_policy()
     policy.eval()
-    attrs = file_attrs(loaded.cfg, loaded.env, checkpoint=loaded.checkpoint)
-    with TrajectoryWriter(out, attrs, overwrite=overwrite) as writer:
+    with ExitStack() as stack:
+        writer = renderer = None
+        if out is not None:
+            attrs = file_attrs(loaded.cfg, loaded.env, checkpoint=loaded.checkpoint)
+            writer = stack.enter_context(TrajectoryWriter(out, attrs, overwrite=overwrite))
+        if video_dir is not None:
+            from legion.sim2real.trajectories import media
+
+            renderer = media.SceneRenderer(loaded.settings, *size)
+            stack.callback(renderer.close)
+            Path(video_dir).mkdir(parents=True, exist_ok=True)
         for k, episode in enumerate(record(loaded.env, policy, episodes)):
-            writer.add(episode)
+            if writer is not None:
+                writer.add(episode)
+            if renderer is not None:
+                media.write_video(renderer, media.episode_frames(episode), Path(video_dir) / f"demo_{k}.mp4",
+                                  1.0 / loaded.env.step_dt, loaded.env.robot.joint_names)
             if on_episode is not None:
                 on_episode(k, episode)
-    return out
+    return loaded
 
 
 # --- robot logs ----------------------------------------------------------------------------------
