@@ -104,6 +104,8 @@ class Runner:
         self.stats = RolloutStats(env.num_envs, device)  # running episodes carry over between learn() calls
         self._last_save_time = time.monotonic()
         self._purge_step: int | None = None  # set by load(): TensorBoard forgets steps after it
+        # f(runner, iteration), called on the main thread after each iteration (e.g. task.record).
+        self.on_iteration: list = []
 
     @property
     def mean_episode_return(self) -> float:
@@ -232,5 +234,7 @@ class Runner:
                                      "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0})
                     if self.log_dir is not None and self._save_due(self.iteration):
                         self.save()
+                    for callback in self.on_iteration:
+                        callback(self, self.iteration)
             finally:
                 self._end(start_iteration)

@@ -154,6 +154,10 @@ def validate(cfg: schema.Train) -> None:
                        ("agent.save_every_minutes", agent.save_every_minutes)):
         if value is not None and value <= 0:
             problems.append(f"{key}={value}: must be > 0 or null")
+    record = cfg.task.record
+    if record.every is not None:
+        problems += [f"task.record.{key}={getattr(record, key)}: must be > 0"
+                     for key in ("every", "episodes", "num_envs") if not getattr(record, key) > 0]
     if agent.max_policy_lag < 0:
         problems.append(f"agent.max_policy_lag={agent.max_policy_lag}: must be >= 0")
     if agent.mode not in ("sync", "async"):
@@ -315,6 +319,10 @@ def train(cfg, run_dir: Path, resume: bool = False, checkpoint: str | Path | Non
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
         runner = make_runner(env, settings.agent, log_dir=run_dir, device=settings.device)
+        if settings.task.record.every is not None:
+            from legion.sim2real.trajectories.record import TrainingRecorder
+
+            runner.on_iteration.append(TrainingRecorder(run_dir, settings))
     except BaseException:
         if created and run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # a run that never started leaves no folder behind

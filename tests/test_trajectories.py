@@ -129,6 +129,23 @@ def test_record_and_replay_on_the_command_line(cartpole, tmp_path):
         assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
 
 
+def test_recording_while_training_changes_nothing_the_run_learns(tmp_path):
+    from legion.sim2real.trajectories import TrajectoryFile
+
+    tiny = ["task=cartpole", "sim.num_envs=32", "agent.max_iterations=2", "agent.num_steps_per_env=8"]
+    plain = runs.train(compose(*tiny), tmp_path / "plain")
+    recorded = runs.train(compose(*tiny, "task.record.every=1", "task.record.episodes=2", "task.record.num_envs=2"),
+                          tmp_path / "recorded")
+    for a, b in zip(plain.ppo.get_policy().state_dict().values(), recorded.ppo.get_policy().state_dict().values()):
+        assert torch.equal(a, b)
+    for iteration in (1, 2):
+        with TrajectoryFile(tmp_path / "recorded" / "trajectories" / f"iter_{iteration}.h5") as f:
+            assert len(f.episodes) == 2 and f.attrs["checkpoint"].endswith(f"model_{iteration}.pt")
+    assert not (tmp_path / "plain" / "trajectories").exists()
+    with pytest.raises(runs.ConfigError, match="task.record.episodes=0: must be > 0"):
+        runs.validate(runs.typed(compose("task=cartpole", "task.record.every=5", "task.record.episodes=0")))
+
+
 # --- damaged files, other models, outputs that exist ------------------------------------------------
 def test_truncated_corrupt_or_unfinished_files_are_refused_by_name(cartpole, tmp_path):
     from legion.sim2real.trajectories import TrajectoryFile, TrajectoryFileError

@@ -299,6 +299,59 @@ def record_run(run: Path, episodes: int, out: Path | None = None, video_dir: Pat
     return loaded
 
 
+class TrainingRecorder:
+    """``task.record``: every ``every`` iterations, a checkpoint of the current policy and its
+    episodes in ``<run>/trajectories/iter_<k>.h5`` (and MP4s with ``video``). The episodes run in a
+    second env of ``num_envs`` worlds, built at the first recording and kept; the training's random
+    generators are left as they were, so recording does not change what a run learns.
+    A :class:`~legion.agents.runner.Runner` calls it after each iteration (``on_iteration``)."""
+
+    def __init__(self, run_dir: Path, settings):
+        self.run_dir, self.cfg, self.device = Path(run_dir), settings.task.record, settings.device
+        self.loaded = None
+
+    def __call__(self, runner, iteration: int) -> None:
+        from legion.runs import load_run
+
+        if iteration % self.cfg.every:
+            return
+        out = self.run_dir / "trajectories" / f"iter_{iteration}.h5"
+        if out.exists():  # a run resumed from an earlier checkpoint records this iteration again
+            out = out.with_name(f"iter_{iteration}_{time.strftime('%Y-%m-%d_%H-%M-%S')}.h5")
+        with _generators_kept(self.device):
+            checkpoint = runner.save()
+            if self.loaded is None:
+                self.loaded = load_run(self.run_dir, checkpoint, [f"sim.num_envs={self.cfg.num_envs}"])
+            else:
+                self.loaded.runner.load(checkpoint)
+                self.loaded.checkpoint = checkpoint
+            record_run(self.run_dir, self.cfg.episodes, out, out.with_name(out.stem + "_videos") if self.cfg.video
+                       else None, loaded=self.loaded)
+        print(f"[legion] recorded {self.cfg.episodes} episodes of iteration {iteration} ({checkpoint.name}) into {out}",
+              flush=True)
+
+
+class _generators_kept:
+    """Restores Python's, numpy's and torch's global random generators on exit."""
+
+    def __init__(self, device: str):
+        self.devices = [torch.device(device).index or 0] if device.startswith("cuda") else []
+
+    def __enter__(self):
+        import random
+
+        self.states = random.getstate(), np.random.get_state()
+        self.torch = torch.random.fork_rng(devices=self.devices)
+        self.torch.__enter__()
+
+    def __exit__(self, *exc):
+        import random
+
+        self.torch.__exit__(*exc)
+        random.setstate(self.states[0])
+        np.random.set_state(self.states[1])
+
+
 # --- robot logs ----------------------------------------------------------------------------------
 def convert_robot_log(logs: Path, run: Path, out: Path, overwrite: bool = False) -> Path:
     """``legion dataset convert <logs> format=hdf5 run=<run>``: the edge runtime's episode logs
