@@ -184,11 +184,7 @@ class TrajectoryFile:
     @property
     def config(self):
         """The recording's config as :class:`legion.configs.schema.Train` (needs the training stack)."""
-        from omegaconf import OmegaConf
-
-        from legion.runs import typed
-
-        return typed(OmegaConf.create(self.attrs["config"]))
+        return config_of(self.attrs)
 
     def episode(self, name: str) -> Episode:
         """An episode's arrays and attributes, read and checksum-verified."""
@@ -210,6 +206,15 @@ class TrajectoryFile:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def config_of(attrs: dict):
+    """The config stored in a trajectory file's attributes, as :class:`legion.configs.schema.Train`."""
+    from omegaconf import OmegaConf
+
+    from legion.runs import typed
+
+    return typed(OmegaConf.create(attrs["config"]))
 
 
 def _datasets(group) -> list[str]:

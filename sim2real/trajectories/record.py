@@ -77,11 +77,13 @@ class Layout:
 
 class _Taps:
     """While open: after each physics step of ``env.step``, ``post_state`` (num_envs, D) holds the
-    packed state and ``targets`` the applied joint command; ``rewards`` each reward term's value
-    of this step (weight and control dt included). Closing restores the env."""
+    packed state, ``post_params`` the packed physical parameters (before a reset draws new ones)
+    and ``targets`` the applied joint command; ``rewards`` each reward term's value of this step
+    (weight and control dt included). Closing restores the env."""
 
-    def __init__(self, env, states: Layout, views: dict[str, torch.Tensor]):
-        self.env, self.states, self.views = env, states, views
+    def __init__(self, env, states: Layout, views: dict[str, torch.Tensor], settings: Layout,
+                 params: dict[str, torch.Tensor]):
+        self.env, self.states, self.views, self.settings, self.params = env, states, views, settings, params
         self.target_view = getattr(env.robot, TARGET_VIEWS[env.cfg.action.type])
         self.joint_ids = env.action.joint_ids
         self.rewards: dict[str, torch.Tensor] = {}
@@ -96,6 +98,7 @@ class _Taps:
     def _after_physics(self) -> None:
         self._sim_step()
         self.post_state = self.states.pack(self.views)
+        self.post_params = self.settings.pack(self.params)
         self.targets = self.target_view[:, self.joint_ids].clone()
 
     def _reward(self, term):
@@ -143,7 +146,7 @@ def record(env, policy, episodes: int) -> Iterator[Episode]:
     n, device = env.num_envs, env.device
     views, params = state_views(env), param_views(env)
     states, settings = Layout(views), Layout(params)
-    taps = _Taps(env, states, views)
+    taps = _Taps(env, states, views, settings, params)
     try:
         with torch.inference_mode():
             obs = env.reset()
@@ -175,9 +178,12 @@ def record(env, policy, episodes: int) -> Iterator[Episode]:
                 buffer[step, index] = torch.cat([row, before, taps.post_state], dim=1)
                 step += 1
                 returns += rewards
+                # An interval event may have changed parameters mid-episode: replay cannot know when.
+                params_changed = (taps.post_params != start_params).any(1)
                 ready = [_episode(buffer[:int(step[i]), i].cpu().numpy(), steps, states,
                                   settings.unpack(start_params[i].cpu().numpy()),
-                                  {"env_index": i, "time_out": bool(extras["time_outs"][i]), "return": float(returns[i])})
+                                  {"env_index": i, "time_out": bool(extras["time_outs"][i]), "return": float(returns[i]),
+                                   "params_changed": bool(params_changed[i])})
                          for i in (dones & chosen).nonzero().squeeze(-1).tolist()]
                 if hasattr(policy, "reset"):
                     policy.reset(dones)

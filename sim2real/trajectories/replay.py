@@ -15,6 +15,10 @@ once.
   term off), and compared with the robot's next logged state, joint by joint.
 - ``mode=states``: each recorded state is set frame by frame (for viewing; the state read back
   equals the file's).
+
+Physical parameters are recorded as each episode starts; an interval event that changes them
+during an episode (rather than the state, as a push does) is not replayed, and the report says so
+for the episodes it touched (attribute ``params_changed``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from legion.sim2real.trajectories.file import Episode, TrajectoryFile, TrajectoryFileError, refuse_existing, sha256_file
+from legion.sim2real.trajectories.file import (Episode, TrajectoryFile, TrajectoryFileError, config_of, refuse_existing,
+                                               sha256_file)
 from legion.sim2real.trajectories.record import Layout, param_views, state_views, versions
 
 MODES = ("actions", "states")
@@ -144,6 +149,9 @@ def replay(path: str | Path, mode: str = "actions", episodes=None, device: str |
             "or record again.")
     notes = [f"recorded with {k} {v}, replaying with {versions().get(k)}: an exact replay needs the same versions"
              for k, v in attrs.get("versions", {}).items() if versions().get(k) != v]
+    notes += [f"{name}: an interval event changed its physical parameters during the episode; mode=actions "
+              "replays it with the parameters it started with" for name, ep in zip(names, loaded)
+              if ep.attrs.get("params_changed") and mode == "actions"]
     cfg.sim.num_envs = len(loaded)
     if device:
         cfg.device = device
@@ -289,8 +297,7 @@ def write_outputs(result: ReplayResult, out: Path, video: bool, plots: bool, ove
     written = [out / "replay.json"]
     (out / "replay.json").write_text(json.dumps(result.summary(), indent=2) + "\n")
     if video:
-        with TrajectoryFile(result.path) as f:
-            renderer = media.SceneRenderer(f.config, *size)
+        renderer = media.SceneRenderer(config_of(result.attrs), *size)
         try:
             for i, name in enumerate(result.names):
                 written.append(media.write_video(renderer, media.frames(result, i), out / f"{name}.mp4",
