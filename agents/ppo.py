@@ -11,6 +11,7 @@ V-trace targets and the decoupled PPO objective for rollouts collected by an old
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import asdict
 
@@ -97,6 +98,21 @@ def load_policy_state(ppo: PPO, state: dict) -> None:
 def load_weights(ppo: PPO, state: dict, critic: bool = True) -> None:
     """Copies the networks (and their observation normalizers) of a :func:`policy_state` in place."""
     ppo.load(state, load_cfg={"actor": True, "critic": critic}, strict=True)
+
+
+def restore_if_nonfinite(ppo: PPO, losses: dict, last_good: dict) -> list[str]:
+    """Call after ``ppo.update()``: what came out NaN or Inf (``"<name> loss"``, ``"actor"``,
+    ``"critic"``: weights or observation-normalizer statistics), after restoring ``last_good`` (a
+    :func:`policy_state` copy from before the update: networks, normalizers, optimizer, learning
+    rate) if anything did. An empty list: the update stands. One host sync per call."""
+    bad = [f"{name} loss" for name, value in losses.items() if not math.isfinite(value)]
+    models = {"actor": ppo.actor, "critic": ppo.critic}
+    finite = torch.stack([torch.stack([torch.isfinite(t).all() for t in model.state_dict().values()
+                                       if t.is_floating_point()]).all() for model in models.values()]).tolist()
+    bad += [name for name, ok in zip(models, finite) if not ok]
+    if bad:
+        load_policy_state(ppo, last_good)
+    return bad
 
 
 def clone_tree(obj):

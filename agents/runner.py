@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from legion.agents.checkpoints import CheckpointError, load_checkpoint, prune, rng_states, save_checkpoint, set_rng_states
-from legion.agents.ppo import RolloutBuffer, Stopped, build_ppo, clone_tree, load_policy_state, policy_state
+from legion.agents.ppo import (RolloutBuffer, Stopped, build_ppo, clone_tree, load_policy_state, policy_state,
+                               restore_if_nonfinite)
 from legion.agents.telemetry import RolloutStats, TrainingLog
 from legion.configs.schema import Agent
 
@@ -104,6 +105,7 @@ class Runner:
         self.stats = RolloutStats(env.num_envs, device)  # running episodes carry over between learn() calls
         self._last_save_time = time.monotonic()
         self._purge_step: int | None = None  # set by load(): TensorBoard forgets steps after it
+        self._nonfinite_updates = 0  # skipped (non-finite) updates in a row
         # f(runner, iteration), called on the main thread after each iteration (e.g. task.record).
         self.on_iteration: list = []
 
@@ -173,6 +175,44 @@ class Runner:
         return (iteration % self.cfg.save_interval == 0
                 or bool(minutes) and time.monotonic() - self._last_save_time >= 60 * minutes)
 
+    def _check_physics(self, report: dict) -> None:
+        """Envs whose physics went non-finite are reset and counted by the env; past the configured
+        share in one step, training stops (the caller's ``finally`` writes the checkpoint)."""
+        share, limit = report["nonfinite_max"], self.cfg.max_nonfinite_fraction
+        if share > limit:
+            raise TrainingDiverged(
+                f"the physics went non-finite (NaN/Inf) in {share:.0%} of the envs in one step of iteration "
+                f"{report['iteration']} (agent.max_nonfinite_fraction={limit:g}). Likely causes: a time step too "
+                "large for the contacts and gains (sim.dt), PD gains or the action scale too high, masses or "
+                "inertias too small (a randomization range at an extreme), an unstable robot model. The policy "
+                "of the last complete iteration is saved.")
+
+    def _check_update(self, report: dict) -> None:
+        """An update that came out NaN or Inf was skipped, its weights restored (``report["nonfinite_update"]``
+        names what): warn; ``agent.max_nonfinite_updates`` in a row stop training with a checkpoint
+        of the last good weights and :class:`TrainingDiverged`."""
+        bad = report["nonfinite_update"]
+        if not bad:
+            self._nonfinite_updates = 0
+            return
+        self._nonfinite_updates += 1
+        count, limit, it = self._nonfinite_updates, self.cfg.max_nonfinite_updates, report["iteration"]
+        print(f"[legion] warning: iteration {it}: the PPO update made {', '.join(bad)} NaN/Inf; it was skipped and the "
+              f"weights from before it restored ({count} in a row; {limit} stop training: "
+              "agent.max_nonfinite_updates).", flush=True)
+        if count < limit:
+            return
+        saved = f"saved in {self.save()}" if self.log_dir is not None else "kept in memory (no run folder)"
+        algorithm = self.cfg.algorithm
+        raise TrainingDiverged(
+            f"training diverged: the PPO update made {', '.join(bad)} NaN/Inf in {count} iterations in a row "
+            f"({it - count + 1}-{it}); stopped. The last good weights are {saved}. Likely causes: a learning rate "
+            f"too high (agent.algorithm.learning_rate={algorithm.learning_rate:g}, schedule={algorithm.schedule}, "
+            f"max_grad_norm={algorithm.max_grad_norm:g}); rewards too large (task.rewards weights: returns of "
+            "thousands make the value loss explode); observations too large or unscaled (task.observations scale "
+            "and clip, agent.actor.obs_normalization / agent.critic.obs_normalization); or NaN in the physics "
+            "state feeding the rollout.")
+
     def _begin(self, max_iterations: int | None) -> None:
         self.log.start(self.iteration, max_iterations, purge_step=self._purge_step)
         self._purge_step = None
@@ -228,10 +268,14 @@ class Runner:
                             requests.raise_if_requested()
                         raise
                     t2 = time.perf_counter()
+                    nonfinite = restore_if_nonfinite(ppo, losses, before_update)
                     self.iteration += 1
-                    self.log.record({**stats.end(), "iteration": self.iteration, "losses": losses,
-                                     "learning_rate": ppo.learning_rate, "action_std": ppo.get_policy().output_std.mean().item(),
-                                     "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0})
+                    report = {**stats.end(), "iteration": self.iteration, "losses": losses,
+                              "learning_rate": ppo.learning_rate, "action_std": ppo.get_policy().output_std.mean().item(),
+                              "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0, "nonfinite_update": nonfinite}
+                    self.log.record(report)
+                    self._check_physics(report)
+                    self._check_update(report)
                     if self.log_dir is not None and self._save_due(self.iteration):
                         self.save()
                     for callback in self.on_iteration:

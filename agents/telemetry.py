@@ -3,8 +3,8 @@ TensorBoard scalars and an in-memory history, the same for every runner.
 
 A runner hands :meth:`TrainingLog.record` one report per finished iteration::
 
-    {"iteration", "episode_returns", "episode_lengths", "env_logs", "latency_mean_ms",
-     "latency_max_ms"                                   # RolloutStats.end()
+    {"iteration", "episodes", "env_logs", "latency_mean_ms",
+     "latency_max_ms", "nonfinite_max"                  # RolloutStats.end()
      "losses", "learning_rate", "action_std",           # the update
      "collect_s", "learn_s", "wall_s",                  # seconds of acting, learning, the iteration
      "perf": {...}, "policy": {...},                    # optional: runner-specific scalars (Perf/, Policy/)
@@ -14,7 +14,6 @@ A runner hands :meth:`TrainingLog.record` one report per finished iteration::
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 from collections import deque
@@ -41,8 +40,12 @@ def format_duration(seconds: float) -> str:
 
 
 class RolloutStats:
-    """What the acting side learns while it collects: returns and lengths of the episodes that
-    finished, the env's logged terms, and the loop latency (time from one action to the next).
+    """What the acting side learns while it collects: the episodes that finished (how many, the
+    sums of their returns and lengths), the env's logged terms, the largest share of envs whose
+    physics went non-finite in one step, and the loop latency (time from one action to the next).
+
+    Everything accumulates on the device; :meth:`end` reads it back once per rollout, so acting
+    never waits for the host.
 
     Args:
         num_envs: number of environments.
@@ -50,6 +53,7 @@ class RolloutStats:
     """
 
     def __init__(self, num_envs: int, device: str):
+        self.device = device
         self.episode_return = torch.zeros(num_envs, device=device)
         self.episode_length = torch.zeros(num_envs, device=device)
         self.last_action_time: float | None = None
@@ -57,9 +61,11 @@ class RolloutStats:
 
     def begin(self) -> None:
         """Starts a new rollout's tallies (the running episodes carry on)."""
-        self.returns: list[float] = []
-        self.lengths: list[float] = []
+        self.finished = {"count": torch.zeros((), device=self.device), "return_sum": torch.zeros((), device=self.device),
+                         "length_sum": torch.zeros((), device=self.device)}
         self.env_logs: dict = {}
+        self.env_episodes: dict = {}
+        self.nonfinite_max = torch.zeros((), device=self.device)
         self.steps = 0
         self.latency_sum = self.latency_max = 0.0
 
@@ -76,29 +82,40 @@ class RolloutStats:
         self.steps += 1
         self.episode_return += rewards
         self.episode_length += 1
-        done_ids = dones.nonzero().squeeze(-1)
-        if done_ids.numel():
-            self.returns.extend(self.episode_return[done_ids].tolist())
-            self.lengths.extend(self.episode_length[done_ids].tolist())
-            self.episode_return[done_ids] = 0.0
-            self.episode_length[done_ids] = 0.0
+        done = dones.float()
+        self.finished["count"] += done.sum()
+        self.finished["return_sum"] += (self.episode_return * done).sum()
+        self.finished["length_sum"] += (self.episode_length * done).sum()
+        self.episode_return.masked_fill_(dones, 0.0)
+        self.episode_length.masked_fill_(dones, 0.0)
         for key, value in extras.get("log", {}).items():
             self.env_logs[key] = self.env_logs.get(key, 0.0) + value
+        for key, value in extras.get("episodes", {}).items():
+            self.env_episodes[key] = self.env_episodes.get(key, 0.0) + value
+        if "Episode_Termination/nonfinite" in extras.get("log", {}):
+            self.nonfinite_max = torch.maximum(self.nonfinite_max, extras["log"]["Episode_Termination/nonfinite"])
 
     def end(self) -> dict:
-        """This rollout's tallies, as plain Python numbers."""
+        """This rollout's tallies, as plain Python numbers (the one read-back per rollout)."""
+        episodes = {k: float(v) for k, v in self.finished.items()}
+        ended = {k: float(v) for k, v in self.env_episodes.items()}
+        count = ended.pop("count", 0.0)
+        env_logs = {k: float(v) / max(1, self.steps) for k, v in self.env_logs.items()}
+        if count:  # per-term episode rewards: means over the episodes that ended in this rollout
+            env_logs.update({k: v / count for k, v in ended.items()})
         return {
-            "episode_returns": self.returns,
-            "episode_lengths": self.lengths,
-            "env_logs": {k: float(v) / max(1, self.steps) for k, v in self.env_logs.items()},
+            "episodes": episodes,
+            "env_logs": env_logs,
+            "nonfinite_max": float(self.nonfinite_max),
             "latency_mean_ms": 1000 * self.latency_sum / max(1, self.steps),
             "latency_max_ms": 1000 * self.latency_max,
         }
 
 
 class TrainingLog:
-    """Books finished iterations: the last 100 episodes' mean return and length, a history of
-    per-iteration numbers, TensorBoard scalars (with ``log_dir``) and the progress line.
+    """Books finished iterations: the mean return and length of the last ~100 episodes (those of
+    the newest iterations that hold at least 100), a history of per-iteration numbers,
+    TensorBoard scalars (with ``log_dir``) and the progress line.
 
     Args:
         samples_per_iteration: env steps per iteration (num_envs x steps per env).
@@ -109,33 +126,46 @@ class TrainingLog:
 
     def __init__(self, samples_per_iteration: int, log_dir: Path | None, log_interval: int = 1, device: str = "cpu"):
         self.samples, self.log_dir, self.log_interval, self.device = samples_per_iteration, log_dir, log_interval, device
-        self.episode_returns: deque = deque(maxlen=100)
-        self.episode_lengths: deque = deque(maxlen=100)
+        self.recent: deque = deque()  # per iteration: {"count", "return_sum", "length_sum"} of its episodes
         self.history: deque = deque(maxlen=10_000)
-        self.writer = None
-        self.start(0, None)
+        self.writer = None  # opened by start(), when training begins and a resume's purge step is known
+        self.start_iteration, self.max_iterations, self.start_time = 0, None, time.time()
 
     def start(self, iteration: int, max_iterations: int | None, purge_step: int | None = None) -> None:
         """A ``learn()`` call begins at ``iteration``: clocks and ETA restart. ``purge_step``: a
         resumed run drops TensorBoard events from that step on (those of the attempt that was cut)."""
         self.start_iteration, self.max_iterations, self.start_time = iteration, max_iterations, time.time()
-        if self.log_dir is not None and self.writer is None:
-            from torch.utils.tensorboard import SummaryWriter
+        if self.log_dir is not None:
+            if purge_step is not None:
+                self.close()  # TensorBoard reads a purge at the start of an event file: open a new one
+            if self.writer is None:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=10, purge_step=purge_step)
+                self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=10, purge_step=purge_step)
+
+    def _recent(self, key: str) -> float:
+        count = sum(r["count"] for r in self.recent)
+        return sum(r[key] for r in self.recent) / count if count else 0.0
 
     @property
     def mean_return(self) -> float:
-        return statistics.fmean(self.episode_returns) if self.episode_returns else 0.0
+        return self._recent("return_sum")
 
     @property
     def mean_length(self) -> float:
-        return statistics.fmean(self.episode_lengths) if self.episode_lengths else 0.0
+        return self._recent("length_sum")
+
+    @property
+    def episodes(self) -> int:
+        """How many episodes :attr:`mean_return` and :attr:`mean_length` average over."""
+        return int(sum(r["count"] for r in self.recent))
 
     def record(self, report: dict) -> None:
         it = report["iteration"]
-        self.episode_returns.extend(report["episode_returns"])
-        self.episode_lengths.extend(report["episode_lengths"])
+        if report["episodes"]["count"]:
+            self.recent.append(report["episodes"])
+            while len(self.recent) > 1 and sum(r["count"] for r in list(self.recent)[1:]) >= 100:
+                self.recent.popleft()
         elapsed = time.time() - self.start_time
         perf = {
             "env_steps_per_s": self.samples / report["wall_s"],
@@ -164,6 +194,11 @@ class TrainingLog:
         total = f"/{self.max_iterations}" if self.max_iterations else ""
         eta = f"ETA {format_duration(elapsed / done * (self.max_iterations - it))}" if self.max_iterations else "until stopped"
         middle = report.get("progress") or f"value loss {report['losses']['value']:.3g}"
+        logs = report["env_logs"]  # the env's share of world-steps whose solver hit a limit, if it counts them
+        if "Solver/limit_fraction" in logs:
+            middle += f" | solver limits {logs['Solver/limit_fraction']:.2%}/step"
+            if logs.get("Solver/overflow_fraction"):  # contacts or constraints were dropped: rare, and worth a look
+                middle += f", overflow {logs['Solver/overflow_fraction']:.2%}"
         print(f"[it {it}{total}] {perf['env_steps_per_s']:,.0f} steps/s | reward {self.mean_return:8.2f} | "
               f"ep len {self.mean_length:6.1f} | {middle} | lr {report['learning_rate']:.1e} | "
               f"mem {perf['memory_mb'] / 1024:.1f} GiB | {format_duration(elapsed)} elapsed, {eta}", flush=True)

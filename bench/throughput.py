@@ -1,9 +1,10 @@
 """Throughput of quadruped_flat on this machine: raw Newton physics vs the full env.
 
 For each num_envs: env-steps/s of LegionEnv.step with random actions (physics + actions,
-commands, rewards, terminations, resets, observations) and, timed inside those same steps,
-the world-steps/s of the decimated physics (NewtonSim.step, one captured Warp graph). The
-overhead ratio is env time per control step over its physics time (1.20 = the env adds 20%).
+commands, rewards, terminations, resets, observations) and the world-steps/s of the decimated
+physics (NewtonSim.step, one captured Warp graph): on the CPU timed inside those same env steps,
+on CUDA as a loop of its own (every clock read after torch.cuda.synchronize). The overhead ratio
+is env time per control step over its physics time (1.20 = the env adds 20%).
 
 Then the cost of domain randomization, env-steps/s of five envs of the same size stepping in
 turns, 10 steps at a time (so a busy machine slows them alike):
@@ -18,7 +19,7 @@ turns, 10 steps at a time (so a busy machine slows them alike):
 - all on, per reset: the same with every physical parameter re-drawn at every episode start
   (the solver is told of new masses, gains and materials at nearly every step).
 
-    python bench/throughput.py [--num-envs 64 256 1024] [--steps 100]
+    python bench/throughput.py [--num-envs 64 256 1024] [--steps 100] [--device cpu|cuda:0]
 """
 
 import argparse
@@ -27,27 +28,43 @@ import time
 from common import compose, make_env, print_table, torch, write_json
 
 
-def measure(num_envs: int, steps: int) -> dict:
-    env = make_env(compose("task=quadruped_flat", f"sim.num_envs={num_envs}"))
-    actions = torch.randn(steps, num_envs, env.num_actions, generator=torch.Generator().manual_seed(0))
+def measure(num_envs: int, steps: int, device: str) -> dict:
+    env = make_env(compose("task=quadruped_flat", f"sim.num_envs={num_envs}", f"device={device}"))
+    actions = torch.randn(steps, num_envs, env.num_actions, generator=torch.Generator().manual_seed(0)).to(device)
     for i in range(5):  # warm up
         env.step(actions[i])
-    # The physics time is measured inside env.step, on the very steps the env takes, so both
-    # see the same states, contacts and solver iterations.
-    physics_s = 0.0
-    sim_step = env.sim.step
+    if device.startswith("cuda"):
+        # Launches return before the GPU is done: synchronize before every clock read. Timing the
+        # physics inside env.step would add synchronizations to the env step, so the decimated
+        # physics alone runs as its own loop, after the env steps, from the states they left.
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(steps):
+            env.step(actions[i])
+        torch.cuda.synchronize()
+        env_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            env.sim.step()
+        torch.cuda.synchronize()
+        physics_s = time.perf_counter() - t0
+    else:
+        # On the CPU every call returns when its work is done: the physics time is measured inside
+        # env.step, on the very steps the env takes, so both see the same states and contacts.
+        physics_s = 0.0
+        sim_step = env.sim.step
 
-    def timed_sim_step():
-        nonlocal physics_s
-        t = time.perf_counter()
-        sim_step()
-        physics_s += time.perf_counter() - t
+        def timed_sim_step():
+            nonlocal physics_s
+            t = time.perf_counter()
+            sim_step()
+            physics_s += time.perf_counter() - t
 
-    env.sim.step = timed_sim_step
-    t0 = time.perf_counter()
-    for i in range(steps):
-        env.step(actions[i])
-    env_s = time.perf_counter() - t0
+        env.sim.step = timed_sim_step
+        t0 = time.perf_counter()
+        for i in range(steps):
+            env.step(actions[i])
+        env_s = time.perf_counter() - t0
     decimation = env.sim.decimation
     return {
         "num_envs": num_envs,
@@ -58,8 +75,13 @@ def measure(num_envs: int, steps: int) -> dict:
     }
 
 
-def randomization_cost(num_envs: int, steps: int, chunk: int = 10) -> dict:
-    base = ("task=quadruped_flat", f"sim.num_envs={num_envs}")
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def randomization_cost(num_envs: int, steps: int, device: str, chunk: int = 10) -> dict:
+    base = ("task=quadruped_flat", f"sim.num_envs={num_envs}", f"device={device}")
     events = compose(*base).task.events
     physics = [n for n, e in events.items() if e.get("mode") == "startup"]
     every = [f"++task.events.{n}.enabled=true" for n in events]
@@ -72,16 +94,18 @@ def randomization_cost(num_envs: int, steps: int, chunk: int = 10) -> dict:
     }
     envs = {name: make_env(compose(*base, *overrides)) for name, overrides in variants.items()}
     envs["off"].noise_enabled = False
-    actions = torch.randn(steps + 5, num_envs, 12, generator=torch.Generator().manual_seed(0))
+    actions = torch.randn(steps + 5, num_envs, 12, generator=torch.Generator().manual_seed(0)).to(device)
     seconds = dict.fromkeys(envs, 0.0)
     for env in envs.values():
         for i in range(5):  # warm up
             env.step(actions[i])
     for start in range(5, steps + 5, chunk):
         for name, env in envs.items():
+            _synchronize(device)
             t = time.perf_counter()
             for i in range(start, min(start + chunk, steps + 5)):
                 env.step(actions[i])
+            _synchronize(device)
             seconds[name] += time.perf_counter() - t
     rate = {name: steps * num_envs / s for name, s in seconds.items()}
     row = {"num_envs": num_envs, "off (env-steps/s)": rate["off"]}
@@ -94,13 +118,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-envs", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--steps", type=int, default=100, help="control steps per measurement")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
     args = parser.parse_args()
-    rows = [measure(n, args.steps) for n in args.num_envs]
+    rows = [measure(n, args.steps, args.device) for n in args.num_envs]
     print_table(rows)
     print()
-    cost = [randomization_cost(n, args.steps) for n in args.num_envs]
+    cost = [randomization_cost(n, args.steps, args.device) for n in args.num_envs]
     print_table(cost)
-    print(f"wrote {write_json('throughput', rows, task='quadruped_flat', steps=args.steps, randomization=cost)}")
+    print(f"wrote {write_json('throughput', rows, task='quadruped_flat', steps=args.steps, device=args.device, randomization=cost)}")
 
 
 if __name__ == "__main__":

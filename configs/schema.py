@@ -230,6 +230,10 @@ class Agent:
     keep_last: Optional[int] = 10  # checkpoints kept: the newest N (null: all) ...
     keep_every: Optional[int] = None  # ... plus every N-th iteration's
     log_interval: int = 1  # progress line every N iterations
+    max_nonfinite_fraction: float = 0.1  # stop (with a checkpoint) when more envs' physics goes NaN in one step
+    # An update that makes a loss or the weights NaN/Inf is skipped (the weights from before it are
+    # restored, with a warning); this many in a row stop the run with a checkpoint.
+    max_nonfinite_updates: int = 3
     actor: Actor = field(default_factory=Actor)
     critic: Network = field(default_factory=Network)
     algorithm: Algorithm = field(default_factory=Algorithm)

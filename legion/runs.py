@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,7 +144,8 @@ def validate(cfg: schema.Train) -> None:
     sim, agent = cfg.sim, cfg.agent
     positive = {"sim.num_envs": sim.num_envs, "sim.decimation": sim.decimation, "sim.dt": sim.dt,
                 "agent.num_steps_per_env": agent.num_steps_per_env, "agent.save_interval": agent.save_interval,
-                "agent.log_interval": agent.log_interval, "task.episode_length_s": cfg.task.episode_length_s,
+                "agent.log_interval": agent.log_interval, "agent.max_nonfinite_updates": agent.max_nonfinite_updates,
+                "task.episode_length_s": cfg.task.episode_length_s,
                 "agent.algorithm.learning_rate": agent.algorithm.learning_rate,
                 "agent.algorithm.num_learning_epochs": agent.algorithm.num_learning_epochs,
                 "agent.algorithm.num_mini_batches": agent.algorithm.num_mini_batches}
@@ -313,7 +315,8 @@ def train(cfg, run_dir: Path, resume: bool = False, checkpoint: str | Path | Non
           f"run folder {run_dir}", flush=True)
     seed_everything(settings.seed)
     print("[legion] building the simulation (the first run compiles Warp kernels: about a minute)", flush=True)
-    created = not run_dir.exists()
+    # Hydra creates a new run's folder before the job starts: empty (or absent) means new.
+    new = not resume and not (run_dir.is_dir() and any(run_dir.iterdir()))
     try:
         env = make_env(settings)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -324,8 +327,8 @@ def train(cfg, run_dir: Path, resume: bool = False, checkpoint: str | Path | Non
 
             runner.on_iteration.append(TrainingRecorder(run_dir, settings))
     except BaseException:
-        if created and run_dir.is_dir() and not any(run_dir.iterdir()):
-            run_dir.rmdir()  # a run that never started leaves no folder behind
+        if new:  # a run that never started leaves no folder behind (all in it was written just now)
+            shutil.rmtree(run_dir, ignore_errors=True)
         raise
     if resume:
         runner.load(path, contents)

@@ -4,7 +4,10 @@ One control step is: apply the action, run ``decimation`` physics steps (one War
 advance commands and contact timers, evaluate terminations and rewards, reset the finished
 worlds, fire the interval events (pushes, ...), and compute the observations of every group.
 Everything is a batched tensor operation over all environments; nothing loops over
-environments in Python, and no term looks a name up while the env steps.
+environments in Python, no term looks a name up, and nothing is read back to the host while the
+env steps: finished worlds are reset by mask (every reset operation leaves the other worlds
+exactly as they were), and episode statistics stay on the device until the runner reads them
+once per iteration. On a GPU this keeps the step free of synchronizations.
 
 The task config (``configs/task/*.yaml``, schema :class:`legion.configs.schema.Task`) names the
 terms; see :mod:`legion.tasks.mdp` for the term signatures and :mod:`legion.tasks.mdp.events`
@@ -21,7 +24,7 @@ from tensordict import TensorDict
 
 from legion.configs.schema import Sim, Task
 from legion.tasks import mdp
-from legion.tasks.sim import NewtonSim
+from legion.tasks.sim import SOLVER_LIMITS, NewtonSim
 
 
 class ContactTimers:
@@ -40,9 +43,9 @@ class ContactTimers:
         self.last_air_time = torch.where(self.first_contact, self.air_time + dt, self.last_air_time)
         self.air_time = torch.where(in_contact, 0.0, self.air_time + dt)
 
-    def reset(self, env_ids: torch.Tensor) -> None:
-        self.air_time[env_ids] = 0.0
-        self.last_air_time[env_ids] = 0.0
+    def reset(self, mask: torch.Tensor) -> None:
+        self.air_time.masked_fill_(mask[:, None], 0.0)
+        self.last_air_time.masked_fill_(mask[:, None], 0.0)
 
 
 class LegionEnv(VecEnv):
@@ -109,7 +112,7 @@ class LegionEnv(VecEnv):
         self.terminated = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
         self.time_outs = torch.zeros_like(self.terminated)
         self.extras: dict = {"log": {}}
-        self.events.apply("startup", torch.arange(self.num_envs, device=device))
+        self.events.apply("startup", torch.ones(self.num_envs, dtype=torch.bool, device=device))
         self.reset()
         self._layout = self._measure_layout()
 
@@ -126,7 +129,7 @@ class LegionEnv(VecEnv):
 
     def reset(self) -> TensorDict:
         """Resets every world (at construction; training then resets worlds as they finish)."""
-        self._reset_idx(torch.arange(self.num_envs, device=self.device))
+        self._reset(torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
         return self.refresh_observations()
 
     def refresh_observations(self) -> TensorDict:
@@ -139,7 +142,11 @@ class LegionEnv(VecEnv):
         """One control step. Returns (observations, rewards (N,), dones (N,), extras).
 
         ``extras["time_outs"]`` (N,) bool marks episodes cut by the time limit (bootstrapped by
-        PPO), ``extras["log"]`` holds per-term episode sums of the worlds that finished.
+        PPO); ``extras["log"]`` holds this step's scalars (termination shares, randomization
+        ranges, the share of worlds whose solver hit each limit: ``Solver/<limit>_fraction``, see
+        :data:`legion.tasks.sim.SOLVER_LIMITS`); ``extras["episodes"]`` sums over the episodes that
+        ended this step: ``count`` and per reward term ``Episode_Reward/<term>`` (each episode's
+        reward per second). All are device tensors (or Python numbers), never read back here.
         """
         self.action.apply(actions.to(self.device))
         self.sim.step()
@@ -148,13 +155,13 @@ class LegionEnv(VecEnv):
             self.command.step()
         if self.contacts is not None:
             self.contacts.step(self.step_dt)
-        self.extras = {"log": {}}
+        # The share of worlds whose solver stopped at a limit this step (device tensors: no sync).
+        limits = self.sim.solver_limits / self.num_envs
+        self.extras = {"log": {f"Solver/{name}_fraction": value for name, value in zip(SOLVER_LIMITS, limits)}}
         self._compute_terminations()
         rewards = self._compute_rewards()
         dones = self.terminated | self.time_outs
-        reset_ids = dones.nonzero().squeeze(-1)
-        if reset_ids.numel():
-            self._reset_idx(reset_ids)
+        self._reset(dones)
         self.events.step(self.step_dt)
         self.extras["log"].update(self.events.log())
         self._observations = self._compute_observations()
@@ -194,10 +201,9 @@ class LegionEnv(VecEnv):
             self.extras["log"][f"Episode_Termination/{term.name}"] = hit.float().mean()
         self.terminated |= nonfinite
         self.extras["log"]["Episode_Termination/nonfinite"] = nonfinite.float().mean()
-        if nonfinite.any():
-            # Keep the bad numbers out of rewards and observations of this step.
-            sim.joint_q.nan_to_num_(0.0, 0.0, 0.0)
-            sim.joint_qd.nan_to_num_(0.0, 0.0, 0.0)
+        # Keep the bad numbers out of rewards and observations of this step (the reset follows).
+        sim.joint_q.nan_to_num_(0.0, 0.0, 0.0)
+        sim.joint_qd.nan_to_num_(0.0, 0.0, 0.0)
 
     def _compute_rewards(self) -> torch.Tensor:
         total = torch.zeros(self.num_envs, device=self.device)
@@ -239,26 +245,27 @@ class LegionEnv(VecEnv):
             layout[group] = entries
         return layout
 
-    def _reset_idx(self, env_ids: torch.Tensor) -> None:
-        if self.episode_length_buf[env_ids].any():  # not at construction
-            seconds = self.max_episode_length * self.step_dt
-            for name, sums in self.episode_sums.items():
-                self.extras["log"][f"Episode_Reward/{name}"] = sums[env_ids].mean() / seconds
+    def _reset(self, mask: torch.Tensor) -> None:
+        """Starts a new episode in the worlds of ``mask`` (num_envs,) bool; the others are untouched."""
+        finished = mask & (self.episode_length_buf > 0)  # not the resets at construction
+        seconds = self.max_episode_length * self.step_dt
+        self.extras["episodes"] = {"count": finished.sum(), **{
+            f"Episode_Reward/{name}": (sums * finished).sum() / seconds for name, sums in self.episode_sums.items()}}
         for sums in self.episode_sums.values():
-            sums[env_ids] = 0.0
+            sums.masked_fill_(mask, 0.0)
         # The default state of every entity, the reset events' perturbations, then body poses (FK).
-        robot = self.robot
-        robot.joint_pos[env_ids] = robot.default_joint_pos[env_ids]
-        robot.joint_vel[env_ids] = 0.0
+        robot, rows = self.robot, mask[:, None]
+        robot.joint_pos[:] = torch.where(rows, robot.default_joint_pos, robot.joint_pos)
+        robot.joint_vel.masked_fill_(rows, 0.0)
         for entity in self.scene.values():
             if getattr(entity, "floating_base", False):
-                entity.root_pose_w[env_ids] = entity.default_root_pose[env_ids]
-                entity.root_vel_w[env_ids] = 0.0
-        self.events.apply("reset", env_ids)
-        self.sim.reset(env_ids)
-        self.action.reset(env_ids)
+                entity.root_pose_w[:] = torch.where(rows, entity.default_root_pose, entity.root_pose_w)
+                entity.root_vel_w.masked_fill_(rows, 0.0)
+        self.events.apply("reset", mask)
+        self.sim.reset(mask)
+        self.action.reset(mask)
         if self.command is not None:
-            self.command.resample(env_ids)
+            self.command.resample(mask)
         if self.contacts is not None:
-            self.contacts.reset(env_ids)
-        self.episode_length_buf[env_ids] = 0
+            self.contacts.reset(mask)
+        self.episode_length_buf.masked_fill_(mask, 0)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import make_env
+from legion.tasks.sim import SOLVER_LIMITS
 
 
 def test_vecenv_contract(quadruped_env):
@@ -19,7 +20,9 @@ def test_vecenv_contract(quadruped_env):
         assert value.dtype == torch.float32 and value.device.type == "cpu"
     assert rewards.shape == (4,) and dones.shape == (4,) and dones.dtype == torch.bool
     assert extras["time_outs"].shape == (4,) and extras["time_outs"].dtype == torch.bool
-    assert all(key.startswith(("Episode_", "Randomization/")) for key in extras["log"])
+    assert all(key.startswith(("Episode_", "Randomization/", "Solver/")) for key in extras["log"])
+    solver = [extras["log"][f"Solver/{name}_fraction"] for name in SOLVER_LIMITS]  # on the device, never .item()'d
+    assert torch.equal(torch.stack(solver), env.sim.solver_limits / 4)
 
 
 def test_time_outs_only_on_time_outs():
@@ -101,6 +104,49 @@ def test_tracking_reward_is_higher_at_the_commanded_velocity(quadruped_env):
     robot.root_vel_w[:], env.command.value[:] = root_vel, command
     assert torch.allclose(on_command[0], torch.ones(4)) and torch.allclose(on_command[1], torch.ones(4))
     assert (off_command[0] < 0.1).all() and (off_command[1] < 0.4).all()
+
+
+def test_the_env_step_reads_nothing_back_to_the_host(monkeypatch):
+    """On a GPU every read-back (.item(), .nonzero(), bool(tensor), ...) stalls the step until the
+    device catches up. Steps with resets, command resampling, pushes and every randomization term
+    on call none of them (here, on the CPU, caught by name)."""
+    from conftest import compose
+
+    names = compose("task=quadruped_flat").task.events.keys()
+    env = make_env("task=quadruped_flat", "sim.num_envs=8", "task.episode_length_s=0.1",
+                   "task.command.resampling_time_s=0.06", "task.events.push.interval_s=[0.02,0.06]",
+                   *(f"++task.events.{name}.enabled=true" for name in names))
+    env.step(torch.zeros(8, 12))
+
+    def read_back(*args, **kwargs):
+        raise AssertionError("a host read-back in the env step")
+
+    for name in ("item", "tolist", "nonzero", "cpu", "numpy", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, read_back)
+    resets = torch.zeros(8, dtype=torch.long)
+    for _ in range(12):  # episodes of 5 steps: every world resets twice, commands and pushes fire
+        _, _, dones, _ = env.step(torch.randn(8, 12) * 0.3)
+        resets += dones
+    monkeypatch.undo()
+    assert (resets >= 2).all()
+
+
+def test_a_world_whose_physics_goes_nan_is_reset_and_counted_and_the_others_go_on_bit_for_bit():
+    env, twin = (make_env("task=quadruped_flat", "sim.num_envs=4") for _ in range(2))
+    for _ in range(3):
+        for e in (env, twin):
+            e.step(torch.zeros(4, 12))
+    env.robot.joint_vel[2, 0] = float("nan")  # world 2's physics breaks
+    _, rewards, dones, extras = env.step(torch.zeros(4, 12))
+    twin.step(torch.zeros(4, 12))
+    assert dones.tolist() == [False, False, True, False] and env.episode_length_buf[2] == 0
+    assert extras["log"]["Episode_Termination/nonfinite"] == 0.25
+    assert torch.isfinite(env.sim.joint_q).all() and torch.isfinite(rewards).all()
+    assert torch.isfinite(env.get_observations()["policy"]).all()
+    assert torch.allclose(env.robot.root_pos_w[2], env.robot.default_root_pose[2, :3], atol=0.02)  # restarted
+    others = [0, 1, 3]
+    assert torch.equal(env.sim.joint_q[others], twin.sim.joint_q[others])
+    assert torch.equal(env.sim.joint_qd[others], twin.sim.joint_qd[others])
 
 
 def test_unknown_terms_are_named_with_the_alternatives():

@@ -35,7 +35,7 @@ def set_per_env(env, name: str, values: list[float]) -> None:
     term = env.events.terms[name]
     for i, value in enumerate(values):
         term.set_range(value, value)
-        term.apply(torch.tensor([i]))
+        term.apply(torch.arange(env.num_envs) == i)
 
 
 def all_terms_on(*overrides: str) -> list[str]:

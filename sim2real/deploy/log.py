@@ -66,8 +66,7 @@ class TrajectoryLog:
             self._started = time.time()
         ran = mode == "policy"
         self._rows.append({
-            **({k: np.asarray(v, np.float64 if k == "timestamp" else np.float32) for k, v in state.items()}
-               if state is not None else {}),
+            **_numeric(state),
             "targets": targets, "obs": self.runner.last_obs if ran else None,
             "actions": self.runner.last_action if ran else None,
             "command": np.zeros(3, np.float32) if command is None else np.asarray(command, np.float32),
@@ -106,6 +105,17 @@ class TrajectoryLog:
 
     def __exit__(self, *exc) -> None:
         self.end_episode()
+
+
+def _numeric(state: dict | None) -> dict:
+    """The state's numeric entries (a malformed one, which stopped the loop, is left out)."""
+    out = {}
+    for key, value in (state or {}).items():
+        try:
+            out[key] = np.asarray(value, np.float64 if key == "timestamp" else np.float32)
+        except (TypeError, ValueError):
+            pass
+    return out
 
 
 def _stack(values: list) -> np.ndarray:

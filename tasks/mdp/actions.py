@@ -34,15 +34,16 @@ class JointPositionAction:
         """(num_envs, dim): the command for a zero action (the default pose of the driven joints)."""
         return self.env.robot.default_joint_pos[:, self.joint_ids]
 
-    def set_delay(self, env_ids: torch.Tensor, delay: torch.Tensor, max_delay: int) -> None:
-        """Delays the actions of ``env_ids`` by ``delay`` (k,) whole control steps, all <= ``max_delay``."""
+    def set_delay(self, mask: torch.Tensor, delay: torch.Tensor, max_delay: int) -> None:
+        """Delays the actions of the envs in ``mask`` by ``delay`` (num_envs,) whole control steps,
+        all <= ``max_delay``."""
         size = max_delay + 1
         if size > self._history.shape[0]:  # grow the ring, oldest slots first in line
             old = torch.roll(self._history, -(self._head + 1), dims=0)  # oldest ... newest
             pad = old[:1].expand(size - old.shape[0], -1, -1)
             self._history = torch.cat([pad, old]).contiguous()
             self._head = size - 1
-        self.delay[env_ids] = delay
+        self.delay = torch.where(mask, delay, self.delay)
 
     def _delayed(self, actions: torch.Tensor) -> torch.Tensor:
         """Records this step's actions and returns, per env, the one ``delay`` steps old."""
@@ -66,10 +67,11 @@ class JointPositionAction:
         limit = robot.joint_effort_limit[:, ids]
         return torch.clamp(torque, -limit, limit)
 
-    def reset(self, env_ids: torch.Tensor) -> None:
-        self.actions[env_ids] = 0.0
-        self.prev_actions[env_ids] = 0.0
-        self._history[:, env_ids] = 0.0
+    def reset(self, mask: torch.Tensor) -> None:
+        """Zero action history for the envs in ``mask`` (num_envs,) bool."""
+        self.actions.masked_fill_(mask[:, None], 0.0)
+        self.prev_actions.masked_fill_(mask[:, None], 0.0)
+        self._history.masked_fill_(mask[None, :, None], 0.0)
 
 
 class JointEffortAction(JointPositionAction):

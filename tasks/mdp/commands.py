@@ -29,24 +29,23 @@ class VelocityCommand:
         self.steps_left = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
         self.held = False
 
-    def resample(self, env_ids: torch.Tensor) -> None:
+    def resample(self, mask: torch.Tensor) -> None:
+        """New commands for the envs in ``mask`` (num_envs,) bool."""
         if self.held:
             return
-        n = len(env_ids)
+        n = self.env.num_envs
         low, high = self.ranges[:, 0], self.ranges[:, 1]
         value = low + (high - low) * self.env.uniform(0.0, 1.0, (n, 3))
         standing = self.env.uniform(0.0, 1.0, (n, 1)) < self.standing_fraction
-        self.value[env_ids] = torch.where(standing, 0.0, value)
-        self.steps_left[env_ids] = self.resampling_steps
+        self.value[:] = torch.where(mask[:, None], torch.where(standing, 0.0, value), self.value)
+        self.steps_left = torch.where(mask, self.resampling_steps, self.steps_left)
 
     def step(self) -> None:
         """Counts down one control step and resamples the envs whose time is up."""
         if self.held:
             return
         self.steps_left -= 1
-        due = (self.steps_left <= 0).nonzero().squeeze(-1)
-        if due.numel():
-            self.resample(due)
+        self.resample(self.steps_left <= 0)
 
     def hold(self, value) -> None:
         """Fixes the commands at ``value`` ((3,) for every env, or (num_envs, 3)) until :meth:`release`:
@@ -57,7 +56,7 @@ class VelocityCommand:
     def release(self) -> None:
         """Back to sampling: every env draws a new command now."""
         self.held = False
-        self.resample(torch.arange(self.env.num_envs, device=self.env.device))
+        self.resample(torch.ones(self.env.num_envs, dtype=torch.bool, device=self.env.device))
 
 
 COMMANDS = {"velocity": VelocityCommand}

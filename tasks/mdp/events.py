@@ -24,14 +24,16 @@ Distributions over ``[low, high]``: ``uniform``; ``log_uniform`` (needs low > 0)
 A curriculum moves the range linearly from ``start`` to ``range`` over ``steps`` control steps;
 :meth:`Events.set_range` is the hook for any other schedule.
 
-A term function is ``f(env, env_ids, draw, **params)``, marked with :func:`event`:
-``draw(*shape, integer=False)`` returns (len(env_ids), *shape) samples of the term's current range
-from the env's seeded generator (``integer=True``: whole numbers, every one in [low, high] equally
-likely under ``uniform``). ``entity`` names the scene entity a term acts on (default the robot);
-``joints`` / ``bodies`` arrive as index tensors (see :mod:`legion.tasks.mdp`). Physical parameters
-are written through the entity's per-env views relative to ``entity.defaults`` (so applying a term
-again never compounds) and named with ``env.sim.params_changed``; the next physics step hands
-them to the solver.
+A term function is ``f(env, mask, draw, **params)``, marked with :func:`event`: it acts on the
+envs where ``mask`` (num_envs,) bool is set and leaves the others exactly as they are (write with
+:func:`where`). Masks, not index lists: finding which envs are due would read data back to the
+host on a GPU at every step. ``draw(*shape, integer=False)`` returns (num_envs, *shape) samples of
+the term's current range from the env's seeded generator (``integer=True``: whole numbers, every
+one in [low, high] equally likely under ``uniform``). ``entity`` names the scene entity a term acts
+on (default the robot); ``joints`` / ``bodies`` arrive as index tensors (see
+:mod:`legion.tasks.mdp`). Physical parameters are written through the entity's per-env views
+relative to ``entity.defaults`` (so applying a term again never compounds) and named with
+``env.sim.params_changed``; the next physics step hands them to the solver.
 """
 
 from __future__ import annotations
@@ -129,17 +131,18 @@ class EventTerm:
     def set_range(self, low: float, high: float) -> None:
         self.low, self.high = self._check_range((low, high), "range")
 
-    def apply(self, env_ids: torch.Tensor) -> None:
-        """Runs the term for the envs ``env_ids`` (k,), drawing from the current range."""
-        self.func(self.env, env_ids, self._drawer(env_ids), **self.params)
+    def apply(self, mask: torch.Tensor) -> None:
+        """Runs the term for the envs where ``mask`` (num_envs,) is set, drawing from the current range."""
+        self.func(self.env, mask, self._drawer(mask), **self.params)
 
-    def _drawer(self, env_ids: torch.Tensor):
+    def _drawer(self, mask: torch.Tensor):
         def draw(*shape: int, integer: bool = False) -> torch.Tensor:
-            x = self._sample((len(env_ids), *shape), self.low, self.high, integer)
-            flat = x.reshape(len(env_ids), -1)
+            n = self.env.num_envs
+            x = self._sample((n, *shape), self.low, self.high, integer)
+            flat = x.reshape(n, -1)
             if self.values.shape[1] != flat.shape[1]:
-                self.values = torch.full((self.env.num_envs, flat.shape[1]), math.nan, device=self.env.device)
-            self.values[env_ids] = flat
+                self.values = torch.full((n, flat.shape[1]), math.nan, device=self.env.device)
+            self.values = where(mask, flat, self.values)
             return x
 
         draw.low, draw.high = self.low, self.high
@@ -160,9 +163,9 @@ class EventTerm:
                 x = low + (high - low) * u
         return x.round() if integer else x
 
-    def redraw_intervals(self, env_ids: torch.Tensor) -> None:
-        u = torch.rand(len(env_ids), generator=self.env.generator, device=self.env.device)
-        self.time_left[env_ids] = self.interval[0] + (self.interval[1] - self.interval[0]) * u
+    def redraw_intervals(self, mask: torch.Tensor) -> None:
+        u = torch.rand(self.env.num_envs, generator=self.env.generator, device=self.env.device)
+        self.time_left = where(mask, self.interval[0] + (self.interval[1] - self.interval[0]) * u, self.time_left)
 
 
 class Events:
@@ -191,13 +194,13 @@ class Events:
     def active(self, mode: str) -> list[EventTerm]:
         return [t for t in self.terms.values() if t.enabled and t.mode == mode]
 
-    def apply(self, mode: str, env_ids: torch.Tensor) -> None:
-        """Runs the enabled ``startup`` or ``reset`` terms, in config order, for ``env_ids``."""
+    def apply(self, mode: str, mask: torch.Tensor) -> None:
+        """Runs the enabled ``startup`` or ``reset`` terms, in config order, for the envs in ``mask``."""
         for term in self.active(mode):
-            term.apply(env_ids)
+            term.apply(mask)
         if mode == "reset":
             for term in self.active("interval"):
-                term.redraw_intervals(env_ids)
+                term.redraw_intervals(mask)
 
     def step(self, dt: float) -> None:
         """One control step of ``dt`` seconds: advances curricula, fires the interval terms due."""
@@ -210,10 +213,9 @@ class Events:
                 term.low, term.high = start_low + f * (low - start_low), start_high + f * (high - start_high)
         for term in self.active("interval"):
             term.time_left -= dt
-            due = (term.time_left <= 1e-6).nonzero().squeeze(-1)
-            if due.numel():
-                term.apply(due)
-                term.redraw_intervals(due)
+            due = term.time_left <= 1e-6
+            term.apply(due)
+            term.redraw_intervals(due)
 
     def set_range(self, name: str, low: float, high: float) -> None:
         """The curriculum hook: the range the term ``name`` draws from from now on (a term with a
@@ -252,6 +254,12 @@ class Events:
             warnings.warn(f"Saved randomization ranges of {skipped} not restored: no such enabled event term now.")
 
 
+def where(mask: torch.Tensor, value: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    """``value`` in the envs of ``mask`` (num_envs,), ``current`` elsewhere (broadcast over the
+    trailing dimensions)."""
+    return torch.where(mask.view(-1, *([1] * (current.dim() - 1))), value, current)
+
+
 def _pair(value, where: str) -> tuple[float, float]:
     try:
         low, high = (float(v) for v in value)
@@ -264,50 +272,57 @@ def _pair(value, where: str) -> tuple[float, float]:
 
 # --- episode start (mode reset): perturb the default state the env has just written ------------
 @event(modes=("reset",))
-def joint_pos_scale(env, env_ids, draw, joints=".*"):
+def joint_pos_scale(env, mask, draw, joints=".*"):
     """Positions of the selected robot joints times U(range), per joint, clamped to the joint limits."""
-    robot, ids = env.robot, joints
-    pos = robot.joint_pos[env_ids[:, None], ids] * draw(len(ids))
-    robot.joint_pos[env_ids[:, None], ids] = pos.clamp(robot.joint_limits[ids, 0], robot.joint_limits[ids, 1])
+    robot = env.robot
+    pos = robot.joint_pos[:, joints]
+    scaled = (pos * draw(len(joints))).clamp(robot.joint_limits[joints, 0], robot.joint_limits[joints, 1])
+    robot.joint_pos[:, joints] = where(mask, scaled, pos)
 
 
 @event(modes=("reset",))
-def joint_pos_offset(env, env_ids, draw, joints=".*"):
+def joint_pos_offset(env, mask, draw, joints=".*"):
     """Positions of the selected robot joints plus U(range) [rad or m], per joint, clamped to the limits."""
-    robot, ids = env.robot, joints
-    pos = robot.joint_pos[env_ids[:, None], ids] + draw(len(ids))
-    robot.joint_pos[env_ids[:, None], ids] = pos.clamp(robot.joint_limits[ids, 0], robot.joint_limits[ids, 1])
+    robot = env.robot
+    pos = robot.joint_pos[:, joints]
+    moved = (pos + draw(len(joints))).clamp(robot.joint_limits[joints, 0], robot.joint_limits[joints, 1])
+    robot.joint_pos[:, joints] = where(mask, moved, pos)
 
 
 @event(modes=("reset",))
-def joint_vel(env, env_ids, draw, joints=".*"):
+def joint_vel(env, mask, draw, joints=".*"):
     """Velocities of the selected robot joints U(range) [rad/s or m/s], per joint."""
-    env.robot.joint_vel[env_ids[:, None], joints] = draw(len(joints))
+    robot = env.robot
+    robot.joint_vel[:, joints] = where(mask, draw(len(joints)), robot.joint_vel[:, joints])
 
 
 @event(modes=("reset",))
-def root_yaw(env, env_ids, draw, entity: str = "robot"):
+def root_yaw(env, mask, draw, entity: str = "robot"):
     """The entity's root turned about the world z axis by U(range) [rad]."""
     root = _floating(env, entity, "root_yaw")
-    root.root_quat_w[env_ids] = quat_mul(quat_from_yaw(draw()), root.root_quat_w[env_ids])
+    root.root_quat_w[:] = where(mask, quat_mul(quat_from_yaw(draw()), root.root_quat_w), root.root_quat_w)
 
 
 @event(modes=("reset",))
-def root_xy(env, env_ids, draw, entity: str = "robot"):
+def root_xy(env, mask, draw, entity: str = "robot"):
     """The entity's root moved by U(range) [m] along world x and y."""
-    _floating(env, entity, "root_xy").root_pos_w[env_ids, :2] += draw(2)
+    root = _floating(env, entity, "root_xy")
+    root.root_pos_w[:, :2] = where(mask, root.root_pos_w[:, :2] + draw(2), root.root_pos_w[:, :2])
 
 
 @event(modes=("reset",))
-def root_vel(env, env_ids, draw, entity: str = "robot"):
+def root_vel(env, mask, draw, entity: str = "robot"):
     """The entity's root linear and angular velocity, each component U(range) [m/s, rad/s], world frame."""
-    _floating(env, entity, "root_vel").root_vel_w[env_ids] = draw(6)
+    root = _floating(env, entity, "root_vel")
+    root.root_vel_w[:] = where(mask, draw(6), root.root_vel_w)
 
 
 @event(modes=("reset", "interval"))
-def push_base(env, env_ids, draw, entity: str = "robot"):
+def push_base(env, mask, draw, entity: str = "robot"):
     """A push: the root's world-frame x and y velocity change by U(range) [m/s] each."""
-    _floating(env, entity, "push_base").root_lin_vel_w[env_ids, :2] += draw(2)
+    root = _floating(env, entity, "push_base")
+    velocity = root.root_lin_vel_w[:, :2]
+    root.root_lin_vel_w[:, :2] = where(mask, velocity + draw(2), velocity)
 
 
 def _floating(env, entity: str, name: str):
@@ -319,130 +334,133 @@ def _floating(env, entity: str, name: str):
 
 # --- contact material ------------------------------------------------------------------------
 @event(domain=(0.01, math.inf))
-def friction(env, env_ids, draw, entity: str = "robot", bodies=".*"):
+def friction(env, mask, draw, entity: str = "robot", bodies=".*"):
     """Friction coefficient U(range) of every shape of the selected bodies, one value per env.
     The entity's own value is the one in effect against the ground (see :mod:`legion.tasks.sim`)."""
     target = env.scene[entity]
-    target.shape_friction[env_ids[:, None], _shapes(target, bodies)] = draw(1)
+    chosen = mask[:, None] & torch.isin(target.shape_body, bodies)  # (num_envs, num_shapes)
+    target.shape_friction[:] = torch.where(chosen, draw(1), target.shape_friction)
     env.sim.params_changed("shape_friction")
 
 
 @event(domain=(0.0, 0.6))
-def restitution(env, env_ids, draw, entity: str = "robot", bodies=".*"):
+def restitution(env, mask, draw, entity: str = "robot", bodies=".*"):
     """Coefficient of restitution U(range) of the selected bodies' shapes, one value per env.
     Above ~0.6 MuJoCo's soft contacts gain energy at 5 ms steps, hence the domain."""
     target = env.scene[entity]
-    target.shape_restitution[env_ids[:, None], _shapes(target, bodies)] = draw(1)
+    chosen = mask[:, None] & torch.isin(target.shape_body, bodies)
+    target.shape_restitution[:] = torch.where(chosen, draw(1), target.shape_restitution)
     env.sim.params_changed("shape_restitution")
-
-
-def _shapes(entity, bodies: torch.Tensor) -> torch.Tensor:
-    return torch.isin(entity.shape_body, bodies).nonzero().squeeze(-1)
 
 
 # --- mass properties -------------------------------------------------------------------------
 @event()
-def added_mass(env, env_ids, draw, entity: str = "robot", bodies="base"):
+def added_mass(env, mask, draw, entity: str = "robot", bodies="base"):
     """Mass of each selected body plus U(range) [kg] (inertia scaled with it)."""
     target = env.scene[entity]
-    env.events.part(f"{entity}.body_mass_added", target.body_mass, 0.0)[env_ids[:, None], bodies] = draw(len(bodies))
-    _write_mass(env, target, env_ids)
+    part = env.events.part(f"{entity}.body_mass_added", target.body_mass, 0.0)
+    part[:, bodies] = where(mask, draw(len(bodies)), part[:, bodies])
+    _write_mass(env, target)
 
 
 @event(domain=(0.0, math.inf))
-def mass_scale(env, env_ids, draw, entity: str = "robot", bodies=".*"):
+def mass_scale(env, mask, draw, entity: str = "robot", bodies=".*"):
     """Mass of each selected body times U(range), per body (inertia scaled with it)."""
     target = env.scene[entity]
-    env.events.part(f"{entity}.body_mass_scale", target.body_mass, 1.0)[env_ids[:, None], bodies] = draw(len(bodies))
-    _write_mass(env, target, env_ids)
+    part = env.events.part(f"{entity}.body_mass_scale", target.body_mass, 1.0)
+    part[:, bodies] = where(mask, draw(len(bodies)), part[:, bodies])
+    _write_mass(env, target)
 
 
-def _write_mass(env, target, env_ids):
+def _write_mass(env, target):
     """mass = default * scale + added, at least 10% of the default; the inertia tensor follows
-    the mass (same shape, same density distribution)."""
+    the mass (same shape, same density distribution). Envs whose parts did not change get the
+    values they already hold."""
     events, name = env.events, target.name
-    default = target.defaults["body_mass"][env_ids]
-    scale = events.part(f"{name}.body_mass_scale", target.body_mass, 1.0)[env_ids]
-    added = events.part(f"{name}.body_mass_added", target.body_mass, 0.0)[env_ids]
+    default = target.defaults["body_mass"]
+    scale = events.part(f"{name}.body_mass_scale", target.body_mass, 1.0)
+    added = events.part(f"{name}.body_mass_added", target.body_mass, 0.0)
     mass = torch.maximum(default * scale + added, 0.1 * default)
-    target.body_mass[env_ids] = mass
-    ratio = mass / default.clamp(min=1e-9)
-    target.body_inertia[env_ids] = target.defaults["body_inertia"][env_ids] * ratio[..., None, None]
+    target.body_mass[:] = mass
+    target.body_inertia[:] = target.defaults["body_inertia"] * (mass / default.clamp(min=1e-9))[..., None, None]
     env.sim.params_changed("body_mass", "body_inertia")
 
 
 @event()
-def com_offset(env, env_ids, draw, entity: str = "robot", bodies="base"):
+def com_offset(env, mask, draw, entity: str = "robot", bodies="base"):
     """Centre of mass of each selected body moved by U(range) [m] along each body axis."""
     target = env.scene[entity]
-    rows = env_ids[:, None]
-    target.body_com[rows, bodies] = target.defaults["body_com"][rows, bodies] + draw(len(bodies), 3)
+    moved = target.defaults["body_com"][:, bodies] + draw(len(bodies), 3)
+    target.body_com[:, bodies] = where(mask, moved, target.body_com[:, bodies])
     env.sim.params_changed("body_com")
 
 
 # --- actuators and joints --------------------------------------------------------------------
-def _scale_joint_param(env, env_ids, draw, name: str, joints: torch.Tensor):
-    robot, rows = env.robot, env_ids[:, None]
-    getattr(robot, name)[rows, joints] = robot.defaults[name][rows, joints] * draw(len(joints))
+def _scale_joint_param(env, mask, draw, name: str, joints: torch.Tensor):
+    robot = env.robot
+    view = getattr(robot, name)
+    view[:, joints] = where(mask, robot.defaults[name][:, joints] * draw(len(joints)), view[:, joints])
     env.sim.params_changed(name)
 
 
 @event(domain=(0.0, math.inf))
-def stiffness_scale(env, env_ids, draw, joints=".*"):
+def stiffness_scale(env, mask, draw, joints=".*"):
     """PD stiffness of each selected joint times U(range), per joint."""
-    _scale_joint_param(env, env_ids, draw, "joint_stiffness", joints)
+    _scale_joint_param(env, mask, draw, "joint_stiffness", joints)
 
 
 @event(domain=(0.0, math.inf))
-def damping_scale(env, env_ids, draw, joints=".*"):
+def damping_scale(env, mask, draw, joints=".*"):
     """PD damping of each selected joint times U(range), per joint."""
-    _scale_joint_param(env, env_ids, draw, "joint_damping", joints)
+    _scale_joint_param(env, mask, draw, "joint_damping", joints)
 
 
 @event(domain=(0.01, math.inf))
-def effort_limit_scale(env, env_ids, draw, joints=".*"):
+def effort_limit_scale(env, mask, draw, joints=".*"):
     """Motor strength: the torque limit of each selected joint times U(range), per joint (it
     clamps the PD torque of position actuators; feed-forward efforts are not clamped)."""
-    _scale_joint_param(env, env_ids, draw, "joint_effort_limit", joints)
+    _scale_joint_param(env, mask, draw, "joint_effort_limit", joints)
 
 
 @event(domain=(0.0, math.inf))
-def joint_friction(env, env_ids, draw, joints=".*"):
+def joint_friction(env, mask, draw, joints=".*"):
     """Dry friction loss U(range) [N m] of each selected joint, per joint."""
-    env.robot.joint_friction[env_ids[:, None], joints] = draw(len(joints))
+    robot = env.robot
+    robot.joint_friction[:, joints] = where(mask, draw(len(joints)), robot.joint_friction[:, joints])
     env.sim.params_changed("joint_friction")
 
 
 @event(domain=(0.0, math.inf))
-def joint_armature(env, env_ids, draw, joints=".*"):
+def joint_armature(env, mask, draw, joints=".*"):
     """Armature (reflected rotor inertia) U(range) [kg m^2] of each selected joint, per joint."""
-    env.robot.joint_armature[env_ids[:, None], joints] = draw(len(joints))
+    robot = env.robot
+    robot.joint_armature[:, joints] = where(mask, draw(len(joints)), robot.joint_armature[:, joints])
     env.sim.params_changed("joint_armature")
 
 
 @event(modes=("startup", "reset"), domain=(0.0, math.inf))
-def action_delay(env, env_ids, draw):
+def action_delay(env, mask, draw):
     """Actuator latency: actions reach the joints U{range} whole control steps late, per env."""
-    env.action.set_delay(env_ids, draw(integer=True).long(), max_delay=int(draw.high))
+    env.action.set_delay(mask, draw(integer=True).long(), max_delay=int(draw.high))
 
 
 # --- world and sensing -----------------------------------------------------------------------
 @event(domain=(-0.5, 0.5))
-def gravity_tilt(env, env_ids, draw):
+def gravity_tilt(env, mask, draw):
     """Gravity turned by U(range) [rad] about the world x axis, then about the world y axis."""
     sim = env.sim
     angle = draw(2)
     cx, sx, cy, sy = torch.cos(angle[:, 0]), torch.sin(angle[:, 0]), torch.cos(angle[:, 1]), torch.sin(angle[:, 1])
     direction = torch.stack([-cx * sy, sx, -cx * cy], dim=-1)
-    sim.gravity[env_ids] = direction * sim.defaults["gravity"][env_ids].norm(dim=-1, keepdim=True)
+    sim.gravity[:] = where(mask, direction * sim.defaults["gravity"].norm(dim=-1, keepdim=True), sim.gravity)
     sim.params_changed("gravity")
 
 
 @event(modes=("startup", "reset"), domain=(0.0, math.inf))
-def obs_noise_scale(env, env_ids, draw, terms: str = ".*", group: str | None = None):
+def obs_noise_scale(env, mask, draw, terms: str = ".*", group: str | None = None):
     """Observation noise of the matching noisy terms (regex over term names; ``group``: one
     observation group or all) times U(range), one factor per env and term."""
     for group_name, group_terms in env.observation_terms.items():
         for term in group_terms:
             if term.noise_scale is not None and group in (None, group_name) and re.fullmatch(terms, term.name):
-                term.noise_scale[env_ids] = draw(1)
+                term.noise_scale[:] = where(mask, draw(1), term.noise_scale)

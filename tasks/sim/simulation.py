@@ -10,7 +10,7 @@ import warp as wp
 
 from legion.configs.schema import Robot, Scene
 from legion.tasks.sim.scene import Articulation, Fixture, JOINT_PARAMS, RigidObject, build_world, resolve_asset
-from legion.tasks.sim.solver import PARAM_FLAGS, SOLVERS
+from legion.tasks.sim.solver import PARAM_FLAGS, SOLVER_LIMITS, SOLVERS
 
 # Warp's CPU kernels point a static of their module at the calling thread's tile arena (LLVM's
 # JIT has no thread-local storage), so two threads running them at once corrupt each other's
@@ -50,6 +50,8 @@ class NewtonSim:
     Attributes:
         scene: the entities by name (``"robot"``, then objects and fixtures in config order).
         robot: ``scene["robot"]``, an :class:`Articulation`.
+        solver_limits: (len(SOLVER_LIMITS),) int32, the number of worlds that hit each of
+            :data:`~legion.tasks.sim.SOLVER_LIMITS` during the last :meth:`step` (zeros for XPBD).
     """
 
     @_one_thread_at_a_time
@@ -116,6 +118,7 @@ class NewtonSim:
         self.contact_forces = torch.zeros(n, bodies, 3, device=device)  # [N], world frame
         self._contact_out = wp.from_torch(self.contact_forces, dtype=wp.vec3)
         self.solver = adapter(self, dict(solver_options or {}))
+        self.solver_limits = wp.to_torch(self.solver.limits)  # overwritten by every step
 
         # --- the entities ------------------------------------------------------------------
         joint_type = model.joint_type.numpy()[: world.joint_count]
@@ -169,19 +172,20 @@ class NewtonSim:
             self._simulate()
 
     @_one_thread_at_a_time
-    def reset(self, env_ids: torch.Tensor) -> None:
-        """After writing the state of the worlds ``env_ids`` through the views: recompute their
-        body poses from the joint coordinates and make the solver forget what it carried over for
-        them (MuJoCo's warm start), so a reset world's future depends on its new state only.
-        The other worlds are left untouched.
+    def reset(self, worlds: torch.Tensor) -> None:
+        """After writing the state of some worlds through the views: recompute their body poses
+        from the joint coordinates and make the solver forget what it carried over for them
+        (MuJoCo's warm start), so a reset world's future depends on its new state only. The other
+        worlds are left untouched. Nothing is read back to the host.
 
         Args:
-            env_ids: (k,) long indices of the worlds whose state was written.
+            worlds: (num_envs,) bool mask of the worlds whose state was written, or (k,) long indices.
         """
-        if env_ids.numel() == 0:
-            return
-        self._reset_mask_t.zero_()
-        self._reset_mask_t[env_ids] = True
+        if worlds.dtype == torch.bool:
+            self._reset_mask_t[: self.num_envs].copy_(worlds)
+        else:
+            self._reset_mask_t.zero_()
+            self._reset_mask_t[worlds] = True
         self._newton.eval_fk(self.model, self.state.joint_q, self.state.joint_qd, self.state, mask=self._fk_mask)
         self.solver.reset(self.state, self._reset_mask)
 
