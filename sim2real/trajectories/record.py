@@ -47,7 +47,8 @@ def state_views(env) -> dict[str, torch.Tensor]:
 
 def param_views(env) -> dict[str, torch.Tensor]:
     """Per-env physical parameters as named views, ``"<entity>/<name>"`` -> (num_envs, ...), plus
-    ``"gravity"`` (num_envs, 3) and ``"action_delay"`` (num_envs,) [control steps]."""
+    ``"gravity"`` (num_envs, 3) and ``"action_delay"`` (num_envs,) [control steps]. Ask again after
+    a reset: the action term replaces its delay tensor when the ``action_delay`` event draws."""
     views = {f"{name}/{param}": getattr(entity, param) for name, entity in env.scene.items() for param in entity.params}
     return {**views, "gravity": env.sim.gravity, "action_delay": env.action.delay}
 
@@ -81,9 +82,8 @@ class _Taps:
     and ``targets`` the applied joint command; ``rewards`` each reward term's value of this step
     (weight and control dt included). Closing restores the env."""
 
-    def __init__(self, env, states: Layout, views: dict[str, torch.Tensor], settings: Layout,
-                 params: dict[str, torch.Tensor]):
-        self.env, self.states, self.views, self.settings, self.params = env, states, views, settings, params
+    def __init__(self, env, states: Layout, views: dict[str, torch.Tensor], settings: Layout):
+        self.env, self.states, self.views, self.settings = env, states, views, settings
         self.target_view = getattr(env.robot, TARGET_VIEWS[env.cfg.action.type])
         self.joint_ids = env.action.joint_ids
         self.rewards: dict[str, torch.Tensor] = {}
@@ -98,7 +98,7 @@ class _Taps:
     def _after_physics(self) -> None:
         self._sim_step()
         self.post_state = self.states.pack(self.views)
-        self.post_params = self.settings.pack(self.params)
+        self.post_params = self.settings.pack(param_views(self.env))
         self.targets = self.target_view[:, self.joint_ids].clone()
 
     def _reward(self, term):
@@ -144,9 +144,9 @@ def record(env, policy, episodes: int) -> Iterator[Episode]:
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: record at least one episode.")
     n, device = env.num_envs, env.device
-    views, params = state_views(env), param_views(env)
-    states, settings = Layout(views), Layout(params)
-    taps = _Taps(env, states, views, settings, params)
+    views = state_views(env)
+    states, settings = Layout(views), Layout(param_views(env))
+    taps = _Taps(env, states, views, settings)
     try:
         with torch.inference_mode():
             obs = env.reset()
@@ -158,7 +158,7 @@ def record(env, policy, episodes: int) -> Iterator[Episode]:
                       **{f"obs/{k}": v for k, v in _observations(env, obs).items()}}
             steps = Layout(sample)
             buffer = torch.zeros(env.max_episode_length, n, steps.size + 2 * states.size, device=device)
-            start_params = settings.pack(params)
+            start_params = settings.pack(param_views(env))
             step = torch.zeros(n, dtype=torch.long, device=device)
             index = torch.arange(n, device=device)
             returns = torch.zeros(n, device=device)
@@ -191,7 +191,7 @@ def record(env, policy, episodes: int) -> Iterator[Episode]:
                 rank = torch.cumsum(dones.long(), 0) - 1
                 chosen = torch.where(dones, rank < episodes - started, chosen)
                 started = min(episodes, started + int(dones.sum()))
-                start_params = torch.where(dones[:, None], settings.pack(params), start_params)
+                start_params = torch.where(dones[:, None], settings.pack(param_views(env)), start_params)
                 step[dones] = 0
                 returns[dones] = 0.0
             done_count += len(ready)
