@@ -201,6 +201,8 @@ class AsyncRunner(Runner):
                               "or num_mini_batches shorten the update.", flush=True)
                     if self.log_dir is not None and self._save_due(report["iteration"]):
                         self.save()  # from the published copy: neither worker pauses
+                    for callback in self.on_iteration:
+                        callback(self, report["iteration"])
             finally:
                 self._stop_workers(workers)
                 self._running = False

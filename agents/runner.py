@@ -110,6 +110,8 @@ class Runner:
         self._last_save_time = time.monotonic()
         self._purge_step: int | None = None  # set by load(): TensorBoard forgets steps after it
         self._nonfinite_updates = 0  # skipped (non-finite) updates in a row
+        # f(runner, iteration), called on the main thread after each iteration (e.g. task.record).
+        self.on_iteration: list = []
 
     @property
     def mean_episode_return(self) -> float:
@@ -280,5 +282,7 @@ class Runner:
                     self._check_update(report)
                     if self.log_dir is not None and self._save_due(self.iteration):
                         self.save()
+                    for callback in self.on_iteration:
+                        callback(self, self.iteration)
             finally:
                 self._end(start_iteration)

@@ -144,6 +144,16 @@ class Command:
 
 
 @dataclass
+class Record:
+    """Recording the policy's episodes while training (``legion.sim2real.trajectories``)."""
+
+    every: Optional[int] = None  # iterations between recordings into <run>/trajectories/iter_<k>.h5 (null: off)
+    episodes: int = 4  # episodes per recording (the first to start)
+    num_envs: int = 4  # worlds of the recording env, built once beside the training env
+    video: bool = False  # also render each episode to <run>/trajectories/iter_<k>_videos/
+
+
+@dataclass
 class Task:
     name: str = MISSING
     scene: Scene = field(default_factory=Scene)
@@ -155,6 +165,7 @@ class Task:
     only_positive_rewards: bool = False  # clip each step's total at 0 (legged_gym)
     terminations: dict[str, Any] = entries(TerminationTerm)  # name -> TerminationTerm
     events: dict[str, Any] = entries(EventTerm)  # name -> EventTerm
+    record: Record = field(default_factory=Record)  # record episodes every K iterations while training
 
 
 # --- physics ---------------------------------------------------------------------------------------

@@ -38,8 +38,10 @@ class RunError(ValueError):
 
 # --- process ---------------------------------------------------------------------------------------
 def setup_process() -> None:
-    """Process-wide settings every command shares: quiet Warp with its kernel cache, torch threads."""
+    """Process-wide settings every command shares: quiet Warp with its kernel cache, torch threads,
+    offscreen OpenGL for MuJoCo's renderer (chosen when mujoco is first imported)."""
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    os.environ.setdefault("MUJOCO_GL", "egl")
     import torch
     import warp as wp
 
@@ -154,6 +156,10 @@ def validate(cfg: schema.Train) -> None:
                        ("agent.save_every_minutes", agent.save_every_minutes)):
         if value is not None and value <= 0:
             problems.append(f"{key}={value}: must be > 0 or null")
+    record = cfg.task.record
+    if record.every is not None:
+        problems += [f"task.record.{key}={getattr(record, key)}: must be > 0"
+                     for key in ("every", "episodes", "num_envs") if not getattr(record, key) > 0]
     if agent.max_policy_lag < 0:
         problems.append(f"agent.max_policy_lag={agent.max_policy_lag}: must be >= 0")
     if agent.mode not in ("sync", "async"):
@@ -332,6 +338,10 @@ def train(cfg, run_dir: Path, resume: bool = False, checkpoint: str | Path | Non
                 save_config(cfg, run_dir / "config.yaml")
             runner = make_runner(env, settings.agent, log_dir=run_dir if main else None, device=settings.device,
                                  group=group)
+            if main and settings.task.record.every is not None:
+                from legion.sim2real.trajectories.record import TrainingRecorder
+
+                runner.on_iteration.append(TrainingRecorder(run_dir, settings))
         except BaseException:
             if new:  # a run that never started leaves no folder behind (all in it was written just now)
                 shutil.rmtree(run_dir, ignore_errors=True)

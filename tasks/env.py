@@ -61,6 +61,10 @@ class LegionEnv(VecEnv):
         sim: the :class:`~legion.tasks.sim.NewtonSim`; ``scene`` its entities by name, ``robot`` the robot.
         action, command: the task's action term and command (``None`` if it has none).
         contacts: the robot's :class:`ContactTimers` (``None`` without contact sensing).
+        after_physics: callables ``f(env)`` run in every step right after the physics, before
+            rewards, resets and events (e.g. a recorder reading the state each episode ends in).
+        reward_values: each reward term's value of the latest step (weight and control dt
+            included), (num_envs,) by term name.
         observation_terms, reward_terms, termination_terms: the resolved :class:`~legion.tasks.mdp.Term`\\ s.
         events: the :class:`~legion.tasks.mdp.events.Events`.
     """
@@ -109,6 +113,8 @@ class LegionEnv(VecEnv):
                                   for name, term in task.terminations.items()]
         self.events = mdp.events.Events(self, task.events)
         self.episode_sums = {t.name: torch.zeros(self.num_envs, device=device) for t in self.reward_terms}
+        self.reward_values: dict[str, torch.Tensor] = {}
+        self.after_physics: list = []
         self.terminated = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
         self.time_outs = torch.zeros_like(self.terminated)
         self.extras: dict = {"log": {}}
@@ -150,6 +156,8 @@ class LegionEnv(VecEnv):
         """
         self.action.apply(actions.to(self.device))
         self.sim.step()
+        for hook in self.after_physics:
+            hook(self)
         self.episode_length_buf += 1
         if self.command is not None:
             self.command.step()
@@ -208,7 +216,7 @@ class LegionEnv(VecEnv):
     def _compute_rewards(self) -> torch.Tensor:
         total = torch.zeros(self.num_envs, device=self.device)
         for term in self.reward_terms:
-            value = term(self) * (term.weight * self.step_dt)
+            value = self.reward_values[term.name] = term(self) * (term.weight * self.step_dt)
             self.episode_sums[term.name] += value
             total += value
         if self.cfg.only_positive_rewards:

@@ -126,6 +126,8 @@ def test_every_command_has_help(tmp_path):
     assert train.returncode == 0 and "legion train" in train.stdout and "task: cartpole, quadruped_flat" in train.stdout
     for command, usage in (("play", "run=<run folder>"), ("export", "legion export run=<run folder>"),
                            ("sim2sim", "legion sim2sim run=<run folder>"), ("randomization", "legion randomization"),
+                           ("record", "legion record run=<run folder>"), ("replay", "legion replay <file.h5>"),
+                           ("dataset", "legion dataset convert <input> format=lerobot|hdf5"),
                            ("train resume=x", "legion train resume=<run folder>")):
         result = legion(*command.split(), "--help", cwd=tmp_path)
         assert result.returncode == 0 and usage in result.stdout, command

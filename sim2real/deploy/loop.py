@@ -96,11 +96,12 @@ class ControlLoop:
         now: the clock of the state timestamps [s]; ``time.monotonic`` for hardware, the
             simulator's time for a simulated robot.
         realtime: sleep to hold the period (hardware); ``False`` runs as fast as the robot steps.
+        logger: gets every tick (e.g. a :class:`~legion.sim2real.deploy.log.TrajectoryLog`).
     """
 
     def __init__(self, robot: RobotInterface, runner, safety: SafetyConfig | None = None,
-                 now: Callable[[], float] = time.monotonic, realtime: bool = True):
-        self.robot, self.runner, self.now, self.realtime = robot, runner, now, realtime
+                 now: Callable[[], float] = time.monotonic, realtime: bool = True, logger=None):
+        self.robot, self.runner, self.now, self.realtime, self.logger = robot, runner, now, realtime, logger
         self.safety = safety or SafetyConfig()
         self.dt = runner.control_dt
         limits = np.asarray(runner.metadata["joint_limits"], np.float32)
@@ -161,7 +162,7 @@ class ControlLoop:
 
         Any exception stops the loop safely, then propagates (see the module docstring)."""
         start = time.perf_counter()
-        mode, where = STOP, "damp"
+        mode, where, state = STOP, "damp", None
         try:
             if self.stopped is None:
                 where = "read_state"
@@ -212,6 +213,9 @@ class ControlLoop:
             self.stats.modes[mode] += 1
             if elapsed > self.dt:
                 self.stats.misses += 1
+            if self.logger is not None:
+                self.logger.tick(state, None if mode == STOP else self.last_targets, mode, elapsed, command,
+                                 self.stopped)
         return mode
 
     def run(self, steps: int, command: Callable[[int], np.ndarray] | np.ndarray | None = None) -> dict:
