@@ -174,6 +174,16 @@ class Command:
 
 
 @dataclass
+class Record:
+    """Recording the policy's episodes while training (``legion.sim2real.trajectories``)."""
+
+    every: Optional[int] = None  # iterations between recordings into <run>/trajectories/iter_<k>.h5 (null: off)
+    episodes: int = 4  # episodes per recording (the first to start)
+    num_envs: int = 4  # worlds of the recording env, built once beside the training env
+    video: bool = False  # also render each episode to <run>/trajectories/iter_<k>_videos/
+
+
+@dataclass
 class Task:
     name: str = MISSING
     scene: Scene = field(default_factory=Scene)
@@ -185,6 +195,7 @@ class Task:
     only_positive_rewards: bool = False  # clip each step's total at 0 (legged_gym)
     terminations: dict[str, Any] = entries(TerminationTerm)  # name -> TerminationTerm
     events: dict[str, Any] = entries(EventTerm)  # name -> EventTerm
+    record: Record = field(default_factory=Record)  # record episodes every K iterations while training
 
 
 # --- physics ---------------------------------------------------------------------------------------
@@ -250,6 +261,9 @@ class Agent:
     keep_every: Optional[int] = None  # ... plus every N-th iteration's
     log_interval: int = 1  # progress line every N iterations
     max_nonfinite_fraction: float = 0.1  # stop (with a checkpoint) when more envs' physics goes NaN in one step
+    # An update that makes a loss or the weights NaN/Inf is skipped (the weights from before it are
+    # restored, with a warning); this many in a row stop the run with a checkpoint.
+    max_nonfinite_updates: int = 3
     actor: Actor = field(default_factory=Actor)
     critic: Network = field(default_factory=Network)
     algorithm: Algorithm = field(default_factory=Algorithm)

@@ -24,7 +24,7 @@ from tensordict import TensorDict
 
 from legion.configs.schema import Sim, Task
 from legion.tasks import mdp
-from legion.tasks.sim import NewtonSim
+from legion.tasks.sim import SOLVER_LIMITS, NewtonSim
 
 
 class ContactTimers:
@@ -66,6 +66,10 @@ class LegionEnv(VecEnv):
         sim: the :class:`~legion.tasks.sim.NewtonSim`; ``scene`` its entities by name, ``robot`` the robot.
         action, command: the task's action term and command (``None`` if it has none).
         contacts: the robot's :class:`ContactTimers` (``None`` without contact sensing).
+        after_physics: callables ``f(env)`` run in every step right after the physics, before
+            rewards, resets and events (e.g. a recorder reading the state each episode ends in).
+        reward_values: each reward term's value of the latest step (weight and control dt
+            included), (num_envs,) by term name.
         observation_terms, reward_terms, termination_terms: the resolved :class:`~legion.tasks.mdp.Term`\\ s.
         events: the :class:`~legion.tasks.mdp.events.Events`.
     """
@@ -117,6 +121,8 @@ class LegionEnv(VecEnv):
                                   for name, term in task.terminations.items()]
         self.events = mdp.events.Events(self, task.events)
         self.episode_sums = {t.name: torch.zeros(self.num_envs, device=device) for t in self.reward_terms}
+        self.reward_values: dict[str, torch.Tensor] = {}
+        self.after_physics: list = []
         self.terminated = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
         self.time_outs = torch.zeros_like(self.terminated)
         self.extras: dict = {"log": {}}
@@ -151,18 +157,23 @@ class LegionEnv(VecEnv):
 
         ``extras["time_outs"]`` (N,) bool marks episodes cut by the time limit (bootstrapped by
         PPO); ``extras["log"]`` holds this step's scalars (termination shares, randomization
-        ranges); ``extras["episodes"]`` sums over the episodes that ended this step: ``count`` and
-        per reward term ``Episode_Reward/<term>`` (each episode's reward per second). All are
-        device tensors (or Python numbers), never read back here.
+        ranges, the share of worlds whose solver hit each limit: ``Solver/<limit>_fraction``, see
+        :data:`legion.tasks.sim.SOLVER_LIMITS`); ``extras["episodes"]`` sums over the episodes that
+        ended this step: ``count`` and per reward term ``Episode_Reward/<term>`` (each episode's
+        reward per second). All are device tensors (or Python numbers), never read back here.
         """
         self.action.apply(actions.to(self.device))
         self.sim.step()
+        for hook in self.after_physics:
+            hook(self)
         self.episode_length_buf += 1
         if self.command is not None:
             self.command.step()
         if self.contacts is not None:
             self.contacts.step(self.step_dt)
-        self.extras = {"log": {}}
+        # The share of worlds whose solver stopped at a limit this step (device tensors: no sync).
+        limits = self.sim.solver_limits / self.num_envs
+        self.extras = {"log": {f"Solver/{name}_fraction": value for name, value in zip(SOLVER_LIMITS, limits)}}
         self._compute_terminations()
         rewards = self._compute_rewards()
         dones = self.terminated | self.time_outs
@@ -221,7 +232,7 @@ class LegionEnv(VecEnv):
     def _compute_rewards(self) -> torch.Tensor:
         total = torch.zeros(self.num_envs, device=self.device)
         for term in self.reward_terms:
-            value = term(self) * (term.weight * self.step_dt)
+            value = self.reward_values[term.name] = term(self) * (term.weight * self.step_dt)
             self.episode_sums[term.name] += value
             total += value
         if self.cfg.only_positive_rewards:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import make_env
+from legion.tasks.sim import SOLVER_LIMITS
 
 
 def test_vecenv_contract(quadruped_env):
@@ -19,7 +20,9 @@ def test_vecenv_contract(quadruped_env):
         assert value.dtype == torch.float32 and value.device.type == "cpu"
     assert rewards.shape == (4,) and dones.shape == (4,) and dones.dtype == torch.bool
     assert extras["time_outs"].shape == (4,) and extras["time_outs"].dtype == torch.bool
-    assert all(key.startswith(("Episode_", "Randomization/")) for key in extras["log"])
+    assert all(key.startswith(("Episode_", "Randomization/", "Solver/")) for key in extras["log"])
+    solver = [extras["log"][f"Solver/{name}_fraction"] for name in SOLVER_LIMITS]  # on the device, never .item()'d
+    assert torch.equal(torch.stack(solver), env.sim.solver_limits / 4)
 
 
 def test_time_outs_only_on_time_outs():

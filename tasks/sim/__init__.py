@@ -52,6 +52,13 @@ The ground (``scene.ground``): a plane at z = 0, or a generated terrain all worl
 ``sim.terrain`` holds its heights and tile origins on the device; ``sim.ground_height(xy)`` gives
 the ground's height [m] under world points (..., 2) for either.
 
+Solver limits: ``sim.solver_limits`` (len(SOLVER_LIMITS),) int32 counts, per control step, the
+worlds in which the solver stopped short: ``limit`` (either of the next two), ``linesearch_limit``
+(a linesearch ran ``ls_iterations`` without converging), ``iteration_limit`` (the solver ran
+``iterations``), ``overflow`` (contacts or constraint rows beyond MuJoCo's capacity were dropped).
+Each :meth:`NewtonSim.step` overwrites them on the device, inside the captured graph: no host sync;
+read them after a step. MuJoCo Warp's own prints of these events are off. XPBD counts nothing (zeros).
+
 Protocols: after writing parameters, name them with :meth:`NewtonSim.params_changed`; the next
 :meth:`NewtonSim.step` hands them to the solver (no rebuild, no recompile; the captured graph
 replays with the new values). After writing the state of some worlds, call
@@ -60,6 +67,7 @@ replays with the new values). After writing the state of some worlds, call
 
 from legion.tasks.sim.scene import Articulation, Entity, Fixture, RigidObject, resolve_asset
 from legion.tasks.sim.simulation import NewtonSim
-from legion.tasks.sim.solver import PARAM_FLAGS
+from legion.tasks.sim.solver import PARAM_FLAGS, SOLVER_LIMITS
 
-__all__ = ["Articulation", "Entity", "Fixture", "NewtonSim", "PARAM_FLAGS", "RigidObject", "resolve_asset"]
+__all__ = ["Articulation", "Entity", "Fixture", "NewtonSim", "PARAM_FLAGS", "RigidObject", "SOLVER_LIMITS",
+           "resolve_asset"]

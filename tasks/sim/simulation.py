@@ -10,7 +10,7 @@ import warp as wp
 
 from legion.configs.schema import Robot, Scene
 from legion.tasks.sim.scene import Articulation, Fixture, JOINT_PARAMS, RigidObject, build_world, resolve_asset
-from legion.tasks.sim.solver import PARAM_FLAGS, SOLVERS
+from legion.tasks.sim.solver import PARAM_FLAGS, SOLVER_LIMITS, SOLVERS
 from legion.tasks.sim.terrain import Terrain, generate
 
 # Warp's CPU kernels point a static of their module at the calling thread's tile arena (LLVM's
@@ -53,6 +53,8 @@ class NewtonSim:
         robot: ``scene["robot"]``, an :class:`Articulation`.
         terrain: the generated :class:`~legion.tasks.sim.terrain.Terrain` all worlds share
             (``scene.ground.terrain``), or ``None`` (a plane at z = 0, or no ground).
+        solver_limits: (len(SOLVER_LIMITS),) int32, the number of worlds that hit each of
+            :data:`~legion.tasks.sim.SOLVER_LIMITS` during the last :meth:`step` (zeros for XPBD).
     """
 
     @_one_thread_at_a_time
@@ -131,6 +133,7 @@ class NewtonSim:
         self.contact_forces = torch.zeros(n, bodies, 3, device=device)  # [N], world frame
         self._contact_out = wp.from_torch(self.contact_forces, dtype=wp.vec3)
         self.solver = adapter(self, dict(solver_options or {}))
+        self.solver_limits = wp.to_torch(self.solver.limits)  # overwritten by every step
 
         # --- the entities ------------------------------------------------------------------
         joint_type = model.joint_type.numpy()[: world.joint_count]
