@@ -233,8 +233,9 @@ def plot_velocity(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-# The metrics of each kind of task, by the task's command type; a task without a command (e.g.
-# manipulation with goals of its own) adds an entry when its metrics exist.
+# Each kind of task's (metrics function, plot function or None), by the task's command type. A
+# kind of task without a velocity command (e.g. manipulation, with goals of its own) adds its
+# entry here: f(loaded, options) -> {"rows": [...], ...}, using rollout() to run the policy.
 METRICS = {"velocity": (locomotion, plot_velocity)}
 
 
