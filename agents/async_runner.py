@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from legion.agents.ppo import (RolloutBuffer, Stopped, build_behaviour_ppo, clone_tree, compute_returns_off_policy,
-                               load_policy_state, load_weights, policy_state)
+                               load_policy_state, load_weights, policy_state, restore_if_nonfinite)
 from legion.agents.runner import Runner
 from legion.configs.schema import Agent
 
@@ -126,8 +126,8 @@ class AsyncRunner(Runner):
     and telemetry as :class:`legion.agents.runner.Runner`, plus the ``agent`` keys
     ``max_policy_lag`` and ``vtrace.rho_clip`` / ``vtrace.c_clip``."""
 
-    def __init__(self, env, cfg: Agent, log_dir=None, device: str = "cpu"):
-        super().__init__(env, cfg, log_dir, device)
+    def __init__(self, env, cfg: Agent, log_dir=None, device: str = "cpu", group=None):
+        super().__init__(env, cfg, log_dir, device, group)
         self.max_lag = cfg.max_policy_lag
         if self.max_lag < 0:
             raise ValueError(f"agent.max_policy_lag must be >= 0, got {self.max_lag}")
@@ -191,6 +191,7 @@ class AsyncRunner(Runner):
                         continue
                     self.log.record(report)
                     self._check_physics(report)
+                    self._check_update(report)
                     behind = behind + 1 if report["perf"]["actor_wait_s"] > BEHIND_FRACTION * report["wall_s"] else 0
                     if behind == BEHIND_ITERATIONS and self.max_lag > 0:
                         print(f"[legion] warning: the learner is behind: the actor waited for a policy update in each "
@@ -200,6 +201,8 @@ class AsyncRunner(Runner):
                               "or num_mini_batches shorten the update.", flush=True)
                     if self.log_dir is not None and self._save_due(report["iteration"]):
                         self.save()  # from the published copy: neither worker pauses
+                    for callback in self.on_iteration:
+                        callback(self, report["iteration"])
             finally:
                 self._stop_workers(workers)
                 self._running = False
@@ -278,6 +281,9 @@ class AsyncRunner(Runner):
                     if isinstance(e, Stopped):
                         return
                     raise
+                # Never publish NaN weights: the actor would act with them. (The published copy was
+                # made by this thread, on this stream: no event to wait for.)
+                nonfinite = restore_if_nonfinite(ppo, losses, self._published.state)
                 self.iteration += 1
                 action_std = ppo.get_policy().output_std.mean().item()
                 self._publish()
@@ -290,7 +296,7 @@ class AsyncRunner(Runner):
                 overlap = max(0.0, 1.0 - (actor_wait + learner_wait) / wall)
                 self._reports.put({
                     **info, "iteration": self.iteration, "losses": losses, "learning_rate": ppo.learning_rate,
-                    "action_std": action_std, "learn_s": now - t0, "wall_s": wall,
+                    "action_std": action_std, "learn_s": now - t0, "wall_s": wall, "nonfinite_update": nonfinite,
                     "perf": {"actor_wait_s": actor_wait, "learner_wait_s": learner_wait, "overlap_fraction": overlap,
                              "rollouts_ahead": self._rollouts_started - self.iteration},
                     "policy": {"lag_mean": lag_mean, "lag_max": lag_max},

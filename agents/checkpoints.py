@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from legion.agents.ppo import map_tensors
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used; the message says why and what to do."""
@@ -64,21 +66,11 @@ def _digest(payload: dict) -> str:
     return hashlib.sha256(buffer.getvalue()).hexdigest()
 
 
-def _to_cpu(tree):
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().cpu()
-    if isinstance(tree, dict):
-        return {k: _to_cpu(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_to_cpu(v) for v in tree)
-    return tree
-
-
 def save_checkpoint(checkpoint: dict, path: Path) -> None:
     """Writes ``checkpoint`` (tensors moved to the CPU) with its checksum to a temporary file in the
     same folder, then renames it: a reader never sees a half-written file, and a crash leaves the
     previous one intact."""
-    body = _to_cpu({k: v for k, v in checkpoint.items() if k != "sha256"})
+    body = map_tensors({k: v for k, v in checkpoint.items() if k != "sha256"}, lambda t: t.detach().cpu())
     data = io.BytesIO()
     torch.save({**body, "sha256": _digest(body)}, data)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")

@@ -11,6 +11,7 @@ V-trace targets and the decoupled PPO objective for rollouts collected by an old
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import asdict
 
@@ -39,13 +40,21 @@ def _build_models(obs: TensorDict, num_actions: int, cfg: Agent, critic: bool = 
     return actor, MLPModel(obs, groups, "critic", 1, **asdict(cfg.critic)) if critic else NoCritic()
 
 
-def build_ppo(env: VecEnv, cfg: Agent, device: str, storage: RolloutStorage | None = None) -> PPO:
-    """rsl-rl's PPO with MLP actor (Gaussian) and critic, sized from the env's observations."""
+def build_ppo(env: VecEnv, cfg: Agent, device: str, storage: RolloutStorage | None = None,
+              group=None) -> PPO:
+    """rsl-rl's PPO with MLP actor (Gaussian) and critic, sized from the env's observations.
+
+    ``group``: the :class:`legion.agents.distributed.Group` of a multi-process run; its PPO averages
+    gradients and the adaptive learning rate's KL over the ranks and starts from rank 0's weights."""
     obs = env.get_observations()
     actor, critic = _build_models(obs, env.num_actions, cfg)
     if storage is None:
         storage = RolloutStorage("rl", env.num_envs, cfg.num_steps_per_env, obs, [env.num_actions], device)
-    return PPO(actor, critic, storage, device=device, **asdict(cfg.algorithm))
+    ppo = PPO(actor, critic, storage, device=device, multi_gpu_cfg=group.ppo_cfg if group else None,
+              **asdict(cfg.algorithm))
+    if group is not None:
+        ppo.broadcast_parameters()
+    return ppo
 
 
 class NoCritic(torch.nn.Module):
@@ -99,15 +108,35 @@ def load_weights(ppo: PPO, state: dict, critic: bool = True) -> None:
     ppo.load(state, load_cfg={"actor": True, "critic": critic}, strict=True)
 
 
+def restore_if_nonfinite(ppo: PPO, losses: dict, last_good: dict) -> list[str]:
+    """Call after ``ppo.update()``: what came out NaN or Inf (``"<name> loss"``, ``"actor"``,
+    ``"critic"``: weights or observation-normalizer statistics), after restoring ``last_good`` (a
+    :func:`policy_state` copy from before the update: networks, normalizers, optimizer, learning
+    rate) if anything did. An empty list: the update stands. One host sync per call."""
+    bad = [f"{name} loss" for name, value in losses.items() if not math.isfinite(value)]
+    models = {"actor": ppo.actor, "critic": ppo.critic}
+    finite = torch.stack([torch.stack([torch.isfinite(t).all() for t in model.state_dict().values()
+                                       if t.is_floating_point()]).all() for model in models.values()]).tolist()
+    bad += [name for name, ok in zip(models, finite) if not ok]
+    if bad:
+        load_policy_state(ppo, last_good)
+    return bad
+
+
+def map_tensors(obj, fn):
+    """A copy of nested dicts/lists/tuples with ``fn`` applied to every tensor in it."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    return obj
+
+
 def clone_tree(obj):
     """A copy of nested dicts/lists/tuples in which every tensor is cloned (detached)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: clone_tree(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(clone_tree(v) for v in obj)
-    return obj
+    return map_tensors(obj, lambda t: t.detach().clone())
 
 
 class Stopped(Exception):

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from legion.agents.checkpoints import CheckpointError, load_checkpoint, prune, rng_states, save_checkpoint, set_rng_states
-from legion.agents.ppo import RolloutBuffer, Stopped, build_ppo, clone_tree, load_policy_state, policy_state
+from legion.agents.ppo import (RolloutBuffer, Stopped, build_ppo, clone_tree, load_policy_state, policy_state,
+                               restore_if_nonfinite)
 from legion.agents.telemetry import RolloutStats, TrainingLog
 from legion.configs.schema import Agent
 
@@ -91,19 +92,26 @@ class Runner:
         cfg: the ``agent`` config (:class:`legion.configs.schema.Agent`).
         log_dir: run folder for checkpoints and TensorBoard; ``None`` writes nothing.
         device: where the policy and learner live (the env's device).
+        group: this rank's :class:`~legion.agents.distributed.Group` in a multi-process run (only
+            rank 0 should get a ``log_dir``; every other rank prints nothing).
     """
 
-    def __init__(self, env, cfg: Agent, log_dir: str | Path | None = None, device: str = "cpu"):
-        self.env, self.cfg, self.device = env, cfg, device
+    def __init__(self, env, cfg: Agent, log_dir: str | Path | None = None, device: str = "cpu", group=None):
+        self.env, self.cfg, self.device, self.group = env, cfg, device, group
         self.log_dir = Path(log_dir) if log_dir else None
         self._stop = threading.Event()  # set by a stop request (and, async, by a worker's error)
         self.stop_requests = StopRequests(self._stop)
-        self.ppo = build_ppo(env, cfg, device, RolloutBuffer(env, cfg.num_steps_per_env, device, self._stop))
+        self.ppo = build_ppo(env, cfg, device, RolloutBuffer(env, cfg.num_steps_per_env, device, self._stop), group)
         self.iteration = 0  # number of completed iterations (= policy version)
-        self.log = TrainingLog(cfg.num_steps_per_env * env.num_envs, self.log_dir, cfg.log_interval, device)
+        world = group.world_size if group else 1
+        self.log = TrainingLog(cfg.num_steps_per_env * env.num_envs * world, self.log_dir, cfg.log_interval, device,
+                               verbose=group is None or group.is_main)
         self.stats = RolloutStats(env.num_envs, device)  # running episodes carry over between learn() calls
         self._last_save_time = time.monotonic()
         self._purge_step: int | None = None  # set by load(): TensorBoard forgets steps after it
+        self._nonfinite_updates = 0  # skipped (non-finite) updates in a row
+        # f(runner, iteration), called on the main thread after each iteration (e.g. task.record).
+        self.on_iteration: list = []
 
     @property
     def mean_episode_return(self) -> float:
@@ -183,6 +191,32 @@ class Runner:
                 "inertias too small (a randomization range at an extreme), an unstable robot model. The policy "
                 "of the last complete iteration is saved.")
 
+    def _check_update(self, report: dict) -> None:
+        """An update that came out NaN or Inf was skipped, its weights restored (``report["nonfinite_update"]``
+        names what): warn; ``agent.max_nonfinite_updates`` in a row stop training with a checkpoint
+        of the last good weights and :class:`TrainingDiverged`."""
+        bad = report["nonfinite_update"]
+        if not bad:
+            self._nonfinite_updates = 0
+            return
+        self._nonfinite_updates += 1
+        count, limit, it = self._nonfinite_updates, self.cfg.max_nonfinite_updates, report["iteration"]
+        print(f"[legion] warning: iteration {it}: the PPO update made {', '.join(bad)} NaN/Inf; it was skipped and the "
+              f"weights from before it restored ({count} in a row; {limit} stop training: "
+              "agent.max_nonfinite_updates).", flush=True)
+        if count < limit:
+            return
+        saved = f"saved in {self.save()}" if self.log_dir is not None else "kept in memory (no run folder)"
+        algorithm = self.cfg.algorithm
+        raise TrainingDiverged(
+            f"training diverged: the PPO update made {', '.join(bad)} NaN/Inf in {count} iterations in a row "
+            f"({it - count + 1}-{it}); stopped. The last good weights are {saved}. Likely causes: a learning rate "
+            f"too high (agent.algorithm.learning_rate={algorithm.learning_rate:g}, schedule={algorithm.schedule}, "
+            f"max_grad_norm={algorithm.max_grad_norm:g}); rewards too large (task.rewards weights: returns of "
+            "thousands make the value loss explode); observations too large or unscaled (task.observations scale "
+            "and clip, agent.actor.obs_normalization / agent.critic.obs_normalization); or NaN in the physics "
+            "state feeding the rollout.")
+
     def _begin(self, max_iterations: int | None) -> None:
         self.log.start(self.iteration, max_iterations, purge_step=self._purge_step)
         self._purge_step = None
@@ -244,13 +278,17 @@ class Runner:
                             requests.raise_if_requested()
                         raise
                     t2 = time.perf_counter()
+                    nonfinite = restore_if_nonfinite(ppo, losses, before_update)
                     self.iteration += 1
                     report = {**stats.end(), "iteration": self.iteration, "losses": losses,
                               "learning_rate": ppo.learning_rate, "action_std": ppo.get_policy().output_std.mean().item(),
-                              "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0}
+                              "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0, "nonfinite_update": nonfinite}
                     self.log.record(report)
                     self._check_physics(report)
+                    self._check_update(report)
                     if self.log_dir is not None and self._save_due(self.iteration):
                         self.save()
+                    for callback in self.on_iteration:
+                        callback(self, self.iteration)
             finally:
                 self._end(start_iteration)

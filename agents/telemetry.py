@@ -118,27 +118,33 @@ class TrainingLog:
     TensorBoard scalars (with ``log_dir``) and the progress line.
 
     Args:
-        samples_per_iteration: env steps per iteration (num_envs x steps per env).
+        samples_per_iteration: env steps per iteration (num_envs x steps per env x ranks).
         log_dir: TensorBoard folder; ``None`` writes nothing.
         log_interval: print the progress line every N iterations (and at the last).
         device: the learner's device (GPU memory is reported for CUDA).
+        verbose: print the progress line (rank 0 of a multi-process run only).
     """
 
-    def __init__(self, samples_per_iteration: int, log_dir: Path | None, log_interval: int = 1, device: str = "cpu"):
+    def __init__(self, samples_per_iteration: int, log_dir: Path | None, log_interval: int = 1, device: str = "cpu",
+                 verbose: bool = True):
         self.samples, self.log_dir, self.log_interval, self.device = samples_per_iteration, log_dir, log_interval, device
+        self.verbose = verbose
         self.recent: deque = deque()  # per iteration: {"count", "return_sum", "length_sum"} of its episodes
         self.history: deque = deque(maxlen=10_000)
-        self.writer = None
-        self.start(0, None)
+        self.writer = None  # opened by start(), when training begins and a resume's purge step is known
+        self.start_iteration, self.max_iterations, self.start_time = 0, None, time.time()
 
     def start(self, iteration: int, max_iterations: int | None, purge_step: int | None = None) -> None:
         """A ``learn()`` call begins at ``iteration``: clocks and ETA restart. ``purge_step``: a
         resumed run drops TensorBoard events from that step on (those of the attempt that was cut)."""
         self.start_iteration, self.max_iterations, self.start_time = iteration, max_iterations, time.time()
-        if self.log_dir is not None and self.writer is None:
-            from torch.utils.tensorboard import SummaryWriter
+        if self.log_dir is not None:
+            if purge_step is not None:
+                self.close()  # TensorBoard reads a purge at the start of an event file: open a new one
+            if self.writer is None:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=10, purge_step=purge_step)
+                self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=10, purge_step=purge_step)
 
     def _recent(self, key: str) -> float:
         count = sum(r["count"] for r in self.recent)
@@ -185,12 +191,17 @@ class TrainingLog:
                        **{f"Loss/{k}": v for k, v in report["losses"].items()}, **report["env_logs"]}
             for key, value in scalars.items():
                 self.writer.add_scalar(key, value, it)
-        if it % self.log_interval and it != self.max_iterations:
+        if not self.verbose or it % self.log_interval and it != self.max_iterations:
             return
         done = it - self.start_iteration
         total = f"/{self.max_iterations}" if self.max_iterations else ""
         eta = f"ETA {format_duration(elapsed / done * (self.max_iterations - it))}" if self.max_iterations else "until stopped"
         middle = report.get("progress") or f"value loss {report['losses']['value']:.3g}"
+        logs = report["env_logs"]  # the env's share of world-steps whose solver hit a limit, if it counts them
+        if "Solver/limit_fraction" in logs:
+            middle += f" | solver limits {logs['Solver/limit_fraction']:.2%}/step"
+            if logs.get("Solver/overflow_fraction"):  # contacts or constraints were dropped: rare, and worth a look
+                middle += f", overflow {logs['Solver/overflow_fraction']:.2%}"
         print(f"[it {it}{total}] {perf['env_steps_per_s']:,.0f} steps/s | reward {self.mean_return:8.2f} | "
               f"ep len {self.mean_length:6.1f} | {middle} | lr {report['learning_rate']:.1e} | "
               f"mem {perf['memory_mb'] / 1024:.1f} GiB | {format_duration(elapsed)} elapsed, {eta}", flush=True)

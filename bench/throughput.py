@@ -1,4 +1,4 @@
-"""Throughput of quadruped_flat on this machine: raw Newton physics vs the full env.
+"""Throughput of a task (default quadruped_flat) on this machine: raw Newton physics vs the full env.
 
 For each num_envs: env-steps/s of LegionEnv.step with random actions (physics + actions,
 commands, rewards, terminations, resets, observations) and the world-steps/s of the decimated
@@ -19,7 +19,8 @@ turns, 10 steps at a time (so a busy machine slows them alike):
 - all on, per reset: the same with every physical parameter re-drawn at every episode start
   (the solver is told of new masses, gains and materials at nearly every step).
 
-    python bench/throughput.py [--num-envs 64 256 1024] [--steps 100] [--device cpu|cuda:0]
+    python bench/throughput.py [--task quadruped_flat] [--num-envs 64 256 1024] [--steps 100]
+                               [--device cpu|cuda:0] [--no-randomization]
 """
 
 import argparse
@@ -28,8 +29,8 @@ import time
 from common import compose, make_env, print_table, torch, write_json
 
 
-def measure(num_envs: int, steps: int, device: str) -> dict:
-    env = make_env(compose("task=quadruped_flat", f"sim.num_envs={num_envs}", f"device={device}"))
+def measure(num_envs: int, steps: int, device: str, task: str = "quadruped_flat") -> dict:
+    env = make_env(compose(f"task={task}", f"sim.num_envs={num_envs}", f"device={device}"))
     actions = torch.randn(steps, num_envs, env.num_actions, generator=torch.Generator().manual_seed(0)).to(device)
     for i in range(5):  # warm up
         env.step(actions[i])
@@ -80,8 +81,8 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def randomization_cost(num_envs: int, steps: int, device: str, chunk: int = 10) -> dict:
-    base = ("task=quadruped_flat", f"sim.num_envs={num_envs}", f"device={device}")
+def randomization_cost(num_envs: int, steps: int, device: str, task: str = "quadruped_flat", chunk: int = 10) -> dict:
+    base = (f"task={task}", f"sim.num_envs={num_envs}", f"device={device}")
     events = compose(*base).task.events
     physics = [n for n, e in events.items() if e.get("mode") == "startup"]
     every = [f"++task.events.{n}.enabled=true" for n in events]
@@ -94,7 +95,7 @@ def randomization_cost(num_envs: int, steps: int, device: str, chunk: int = 10) 
     }
     envs = {name: make_env(compose(*base, *overrides)) for name, overrides in variants.items()}
     envs["off"].noise_enabled = False
-    actions = torch.randn(steps + 5, num_envs, 12, generator=torch.Generator().manual_seed(0)).to(device)
+    actions = torch.randn(steps + 5, num_envs, envs["off"].num_actions, generator=torch.Generator().manual_seed(0)).to(device)
     seconds = dict.fromkeys(envs, 0.0)
     for env in envs.values():
         for i in range(5):  # warm up
@@ -119,13 +120,19 @@ def main():
     parser.add_argument("--num-envs", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--steps", type=int, default=100, help="control steps per measurement")
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
+    parser.add_argument("--task", default="quadruped_flat")
+    parser.add_argument("--randomization", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure the cost of domain randomization")
     args = parser.parse_args()
-    rows = [measure(n, args.steps, args.device) for n in args.num_envs]
+    rows = [measure(n, args.steps, args.device, args.task) for n in args.num_envs]
     print_table(rows)
-    print()
-    cost = [randomization_cost(n, args.steps, args.device) for n in args.num_envs]
-    print_table(cost)
-    print(f"wrote {write_json('throughput', rows, task='quadruped_flat', steps=args.steps, device=args.device, randomization=cost)}")
+    cost = None
+    if args.randomization:
+        print()
+        cost = [randomization_cost(n, args.steps, args.device, args.task) for n in args.num_envs]
+        print_table(cost)
+    name = "throughput" if args.task == "quadruped_flat" else f"throughput_{args.task}"
+    print(f"wrote {write_json(name, rows, task=args.task, steps=args.steps, device=args.device, randomization=cost)}")
 
 
 if __name__ == "__main__":

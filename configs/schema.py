@@ -40,10 +40,40 @@ class Robot:
 
 
 @dataclass
+class Terrain:
+    """A generated terrain all worlds share, one heightfield (legion/tasks/sim/terrain.py): square
+    tiles in a grid, rows along x = difficulty levels (0 easiest), columns along y = terrain types,
+    inside a flat border. Every tile's edge is at height 0; each env starts on the flat platform at
+    its tile's centre, and only its tile (level, column) is per env."""
+
+    tile_size: float = 8.0  # edge of a square tile [m]
+    num_levels: int = 10  # rows of tiles: difficulty levels
+    num_cols: int = 20  # columns of tiles, shared out to the types by their proportions
+    # type -> share of the columns (0 drops a type). Seen from the tile's centre, where the robot
+    # starts: slope/stairs _up climb towards the edges, _down descend.
+    types: dict[str, float] = field(default_factory=lambda: {
+        "rough": 0.1, "slope_up": 0.1, "slope_down": 0.1, "stairs_up": 0.25, "stairs_down": 0.25, "obstacles": 0.2})
+    resolution: float = 0.1  # horizontal grid spacing [m]
+    border: float = 20.0  # flat margin around the tiles [m]: robots that leave the grid stay on ground
+    platform: float = 2.0  # flat square at each tile's centre [m]
+    # Difficulty: [level 0, highest level], linear in between.
+    slope: list[float] = field(default_factory=lambda: [0.0, 0.4])  # slope_*: rise over run
+    step_height: list[float] = field(default_factory=lambda: [0.05, 0.18])  # stairs_* [m]
+    step_width: float = 0.31  # stairs: tread depth [m]
+    rough_height: list[float] = field(default_factory=lambda: [0.02, 0.08])  # rough: bumps of +-this [m] every 0.2 m
+    obstacle_height: list[float] = field(default_factory=lambda: [0.05, 0.2])  # obstacles: boxes of +-this [m]
+    num_obstacles: int = 20  # obstacles: boxes of 1-2 m per tile
+    curriculum: bool = True  # levels follow the distance walked (legion/tasks/mdp/curriculum.py); false: random, fixed
+    max_init_level: int = 4  # curriculum: envs start at levels 0..max_init_level
+    seed: int = 0  # the terrain's own random pattern (not the run's seed: one terrain for all seeds)
+
+
+@dataclass
 class Ground:
-    """The ground all worlds share: a plane, or a generated terrain (``terrain``)."""
+    """The ground all worlds share: a plane at z = 0, or a generated terrain (``terrain``)."""
 
     friction: float = 1.0  # sliding friction coefficient (robot shapes take contact priority)
+    terrain: Optional[Terrain] = None  # null: a plane
 
 
 @dataclass
@@ -162,6 +192,16 @@ class Success:
 
 
 @dataclass
+class Record:
+    """Recording the policy's episodes while training (``legion.sim2real.trajectories``)."""
+
+    every: Optional[int] = None  # iterations between recordings into <run>/trajectories/iter_<k>.h5 (null: off)
+    episodes: int = 4  # episodes per recording (the first to start)
+    num_envs: int = 4  # worlds of the recording env, built once beside the training env
+    video: bool = False  # also render each episode to <run>/trajectories/iter_<k>_videos/
+
+
+@dataclass
 class Task:
     name: str = MISSING
     scene: Scene = field(default_factory=Scene)
@@ -174,6 +214,7 @@ class Task:
     terminations: dict[str, Any] = entries(TerminationTerm)  # name -> TerminationTerm
     events: dict[str, Any] = entries(EventTerm)  # name -> EventTerm
     success: Optional[Success] = None
+    record: Record = field(default_factory=Record)  # record episodes every K iterations while training
 
 
 # --- physics ---------------------------------------------------------------------------------------
@@ -240,6 +281,9 @@ class Agent:
     log_interval: int = 1  # progress line every N iterations
     random_episode_start: bool = False  # each learn() starts the envs at random steps of their episodes
     max_nonfinite_fraction: float = 0.1  # stop (with a checkpoint) when more envs' physics goes NaN in one step
+    # An update that makes a loss or the weights NaN/Inf is skipped (the weights from before it are
+    # restored, with a warning); this many in a row stop the run with a checkpoint.
+    max_nonfinite_updates: int = 3
     actor: Actor = field(default_factory=Actor)
     critic: Network = field(default_factory=Network)
     algorithm: Algorithm = field(default_factory=Algorithm)

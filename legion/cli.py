@@ -9,7 +9,9 @@ exit code 2.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 USAGE = """usage: legion <command> [key=value ...]
@@ -18,7 +20,12 @@ commands:
   train          train a policy          legion train task=quadruped_flat sim.num_envs=256
                  a Hydra multirun        legion train -m seed=0,1,2
                  resume a run            legion train resume=runs/cartpole/<date> [checkpoint=FILE]
-  play           run a trained policy    legion play run=runs/cartpole/<date> [episodes=5]
+                 K processes (torchrun)  legion train --nproc K task=quadruped_flat
+  play           run a trained policy    legion play run=runs/cartpole/<date> [episodes=5] [record=FILE] [video=true]
+  eval           measure a policy        legion eval run=runs/quadruped_flat/<date> [commands=forward,stand]
+  record         record episodes (HDF5)  legion record run=runs/cartpole/<date> episodes=10 out=demos.h5
+  replay         replay a recording      legion replay demos.h5 [mode=actions|states] [video=true] [plots=true]
+  dataset        convert recordings      legion dataset convert demos.h5 format=lerobot out=DIR
   randomization  what each env draws     legion randomization task=quadruped_flat
   export         export to ONNX          legion export run=runs/quadruped_flat/<date> [out=DIR]
   sim2sim        MuJoCo next to Newton   legion sim2sim run=runs/quadruped_flat/<date>
@@ -34,12 +41,103 @@ overrides on top (e.g. agent.max_iterations=null). Networks, normalizers, optimi
 rate, iteration, randomization ranges and random generators continue where they stopped.
 """
 
-PLAY_HELP = """usage: legion play run=<run folder> [episodes=N] [checkpoint=PATH] [key=value ...]
+PLAY_HELP = """usage: legion play run=<run folder> [episodes=N] [checkpoint=PATH] [record=FILE] [video=true] [key=value ...]
 
 Loads the run's saved config.yaml and its newest good checkpoint (or `checkpoint=`), runs the
 policy deterministically with observation noise off, and prints the return and length of each
 finished episode. Any config key can be overridden, e.g. sim.num_envs=4 device=cpu (default
 sim.num_envs: 16, or the run's if fewer).
+
+  record=FILE      also record the episodes into a trajectory file (as `legion record`)
+  video=true       render each episode to <run>/videos/<date>/demo_<k>.mp4 (MuJoCo offscreen,
+                   camera tracking the robot; needs EGL or OSMesa, see the README)
+  overwrite=true   replace an existing record= file or video folder
+"""
+
+RECORD_HELP = """usage: legion record run=<run folder> [episodes=10] [out=FILE.h5] [checkpoint=PATH] [video=true] [key=value ...]
+
+Runs the run's policy (deterministic, observation noise off) and records the first `episodes`
+episodes to start (short failed episodes are not favoured) into an HDF5 trajectory file in
+robomimic's layout (default out: <run>/trajectories/<date>.h5): per step the actions, the
+applied joint targets, every observation term, rewards per term, dones, and the state (joint
+positions and velocities, root and object poses and velocities); per episode the initial state
+and the physical parameters it ran with; the resolved config, seed, robot model hash and versions.
+`legion replay` reproduces it bit for bit on CPU.
+
+  episodes=N       how many episodes (default 10); sim.num_envs defaults to min(N, 16)
+  video=true       also render each episode to <out stem>_videos/demo_<k>.mp4
+  overwrite=true   replace an existing file (never replaced otherwise)
+Config keys can be overridden as in `legion play` (e.g. task.events.push.enabled=false).
+"""
+
+REPLAY_HELP = """usage: legion replay <file.h5> [mode=actions|states] [episodes=0,2] [video=true] [plots=true] [out=DIR] [device=DEV]
+
+Replays the episodes of a trajectory file (all, or episodes=i,j,...) in the simulator, each in its
+own world, and prints how far the replay is from the file.
+
+  mode=actions     (default) a recording: reset to its initial state and physical parameters
+                   (friction, masses, gains, gravity, actuator delay), apply the recorded actions
+                   (and pushes), compare every state; bit-exact on CPU with the same versions,
+                   the divergence is reported otherwise (e.g. on a GPU: device=cuda:0).
+                   A robot log (legion dataset convert ... format=hdf5): drive the simulator with
+                   the logged joint targets from the logged initial state; error per joint.
+  mode=states      set the recorded states frame by frame (viewing)
+  video=true       an MP4 per episode of the replayed motion (camera tracking the robot)
+  plots=true       PNGs per episode: joint positions vs targets, commanded vs actual base
+                   velocity, reward terms; robot logs: simulated vs logged, error per joint
+  out=DIR          where video, plots and replay.json go (default <file>_replay/)
+  overwrite=true   write into an existing, non-empty out folder
+"""
+
+DATASET_HELP = """usage: legion dataset convert <input> format=lerobot|hdf5 [out=PATH] [run=<run folder>] [video=true]
+
+  format=lerobot   <input> is a trajectory file (.h5): write a LeRobot v3.0 dataset folder
+                   (default out: <file stem>_lerobot/): meta/info.json, meta/stats.json,
+                   meta/tasks.parquet, meta/episodes/..., data/chunk-000/file-000.parquet;
+                   video=true renders the episodes into videos/observation.images.tracking/...mp4
+  format=hdf5      <input> is a robot log (a folder of episode_*.npz written by the edge runtime's
+                   TrajectoryLog, or one file): write a trajectory file (default out:
+                   <input>.h5). run= names the run the robot's policy was exported from (its
+                   config hash is checked); `legion replay` then drives the simulator with it.
+  overwrite=true   replace an existing output (never replaced otherwise)
+"""
+
+EVAL_HELP = """usage: legion eval run=<run folder> [checkpoint=PATH] [commands=...] [envs=16] [duration_s=10]
+                   [settle_s=1] [episodes=100] [randomization=trained|off] [out=DIR] [key=value ...]
+
+Measures the run's newest good checkpoint (or `checkpoint=`): the policy acts deterministically
+(observation noise off) for duration_s seconds on `envs` envs per command, each env one episode
+from a fresh reset, and the metrics are printed as a table and written to DIR (default
+<run>/eval/) as <checkpoint>.json and <checkpoint>.png (commanded vs actual velocity over time).
+
+Locomotion (velocity-command tasks), per command, over the steps after settle_s before any fall:
+  vel_error_xy       mean |v_xy,cmd - v_xy| [m/s], base frame
+  yaw_rate_error     mean |yaw rate_cmd - yaw rate| [rad/s]
+  fall_rate          share of envs whose episode ended in a failure (a termination term)
+  survival_s         mean time to that failure (duration_s if none) [s]
+  terrain_level      mean terrain level of the envs (rough terrain: the levels the training
+                     curriculum reached, saved in the checkpoint; frozen while evaluating)
+  power_w            mean mechanical power, sum over joints of |torque x joint velocity| [W]
+  cost_of_transport  energy / (mass x g x distance walked); - for commands without linear velocity
+
+  commands=forward,backward,lateral,yaw,stand       (the default; names from this set)
+    forward (1, 0, 0)  backward (-0.5, 0, 0)  lateral (0, 0.5, 0)  yaw (0, 0, 1)  stand (0, 0, 0)
+  commands='{"fast": [1.5, 0, 0], "turn": [0.5, 0, 0.5]}'   your own, as JSON: name -> [v_x, v_y, yaw rate]
+  Commands outside the task's command ranges are clamped to them (marked * in the table).
+
+Goal tasks (pose or position commands: arm_reach, arm_lift), over `episodes` whole episodes run
+on `envs` envs, the task's own commands (commands= and duration_s= do not apply):
+  success_rate                 share of episodes that met task.success (e.g. within 2 cm and
+                               0.1 rad, held 0.5 s)
+  time_to_success_s            mean episode time at which that hold was complete (successes only)
+  final_position_error_m       mean distance of the commanded body from its goal at the end [m]
+  final_orientation_error_rad  the same for orientation (pose commands) [rad]
+  The PNG shows each episode's final error and the times to success.
+  randomization=trained  every event term as the run configures it (pushes, friction, ...; default)
+  randomization=off      none: default pose, level, at rest, the model's own physical parameters
+
+Works for runs trained on any device (evaluate on this machine's with device=cpu). Config keys
+can be overridden as in `legion play`.
 """
 
 RANDOMIZATION_HELP = """usage: legion randomization [task=NAME] [key=value ...]
@@ -56,8 +154,8 @@ EXPORT_HELP = """usage: legion export run=<run folder> [checkpoint=PATH] [out=DI
 Exports the run's newest good checkpoint (or `checkpoint=`) to DIR (default <run>/exported/):
 policy.onnx (fp32, opset 17, dynamic batch, normalizer folded in), policy_fp16.onnx and
 policy.json (joint order, default pose, action scale/offset, PD gains, effort and joint limits,
-control dt, observation layout, command and randomization ranges, tracking terms, fall
-conditions, config hash, version).
+control dt, observation layout, height-scan points, command and randomization ranges,
+tracking terms, fall conditions, config hash, version).
 
 Every export is verified and the command fails if a check fails: onnx.checker; onnxruntime
 vs torch on observations from `steps` (default 50) policy steps in the task's env (max abs
@@ -83,7 +181,7 @@ error of (v_x, v_y) and yaw rate, falls, survival time, tracking return.
 
 # What `pip install "legion-rl[train]"` adds to the base (edge runtime) install.
 TRAINING_STACK = {"torch", "warp", "newton", "mujoco", "mujoco_warp", "rsl_rl", "hydra", "omegaconf", "tensordict",
-                  "tensorboard", "onnx"}
+                  "tensorboard", "onnx", "h5py", "imageio", "pyarrow", "matplotlib"}
 
 
 class UsageError(Exception):
@@ -124,6 +222,13 @@ def _number(name: str, value: str, kind=int):
 def train(args: list[str]) -> None:
     from legion import runs
 
+    if "--nproc" in args:  # a shortcut for torchrun on this machine
+        at = args.index("--nproc")
+        if at + 1 >= len(args) or not args[at + 1].isdigit() or int(args[at + 1]) < 1:
+            raise UsageError("--nproc K: K processes (ranks) on this machine, K >= 1")
+        nproc, rest = args[at + 1], args[:at] + args[at + 2:]
+        os.execvp(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                   f"--nproc_per_node={nproc}", "-m", "legion", "train", *rest])
     if any(a.startswith("resume=") for a in args):
         if any(a in ("-h", "--help") for a in args):
             print(RESUME_HELP)
@@ -137,6 +242,11 @@ def train(args: list[str]) -> None:
     hydra_flags = any(a.startswith("-") for a in args)
     if not multirun and not hydra_flags:  # check now: Hydra would build the simulation first
         runs.validate(runs.typed(runs.compose(*args)))
+    rank = int(os.environ.get("RANK", "0"))
+    if rank > 0:  # torchrun's other ranks: rank 0 alone writes the run folder
+        if multirun:
+            raise UsageError("a Hydra multirun cannot run under torchrun; sweep the distributed runs one by one.")
+        args = [*args, f"hydra.run.dir={tempfile.gettempdir()}/legion-rank{rank}-{os.getpid()}"]
     _hydra_train(args)
 
 
@@ -147,13 +257,24 @@ def _hydra_train(args: list[str]) -> None:
     from legion import runs
     from legion.configs import schema
 
-    def job(cfg) -> None:
-        runs.train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    def job(cfg) -> None:  # Hydra reports a job's errors its own way: report ours as main() does first
+        _run("train", runs.train, cfg, Path(HydraConfig.get().runtime.output_dir))
 
     schema.register()
     main = hydra.main(config_path=str(runs.CONFIG_DIR), config_name="train", version_base="1.3")(job)
     sys.argv = ["legion train", *args]
     main()
+
+
+def _flag(name: str, value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise UsageError(f"{name}={value}: expected true or false")
+    return value.lower() == "true"
+
+
+def _print_episode(k: int, episode) -> None:
+    cause = "time out" if episode.attrs["time_out"] else "terminated"
+    print(f"episode {k + 1}: return {episode.attrs['return']:8.3f}  length {episode.length:5d}  ({cause})", flush=True)
 
 
 def play(args: list[str]) -> None:
@@ -162,13 +283,152 @@ def play(args: list[str]) -> None:
     if any(a in ("-h", "--help") for a in args):
         print(PLAY_HELP)
         return
-    run, options, overrides = parse_run_args(args, PLAY_HELP, {"checkpoint": None, "episodes": "5"})
+    run, options, overrides = parse_run_args(args, PLAY_HELP, {"checkpoint": None, "episodes": "5", "record": None,
+                                                               "video": "false", "overwrite": "false"})
     episodes = _number("episodes", options["episodes"])
+    video, overwrite = _flag("video", options["video"]), _flag("overwrite", options["overwrite"])
+    if options["record"] or video:
+        from datetime import datetime
+
+        from legion.sim2real.trajectories.record import record_run
+
+        video_dir = run / "videos" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S") if video else None
+        out = Path(options["record"]) if options["record"] else None
+        print(f"[legion] playing {run} for {episodes} episodes" + (f", recording into {out}" if out else "")
+              + (f", videos into {video_dir}" if video else ""), flush=True)
+        record_run(run, episodes, out, video_dir, options["checkpoint"], overrides, overwrite,
+                   on_episode=_print_episode)
+        return
     loaded = runs.load_run(run, options["checkpoint"], overrides)
     print(f"[legion] playing {loaded.checkpoint} on {loaded.env.num_envs} envs of {loaded.settings.task.name}", flush=True)
     for i, episode in enumerate(runs.play(loaded, episodes)):
         cause = "time out" if episode["time_out"] else "terminated"
         print(f"episode {i + 1}: return {episode['return']:8.3f}  length {episode['length']:5d}  ({cause})", flush=True)
+
+
+def evaluate(args: list[str]) -> None:
+    from legion import evaluation
+
+    if any(a in ("-h", "--help") for a in args):
+        print(EVAL_HELP)
+        return
+    defaults = evaluation.Options()
+    run, options, overrides = parse_run_args(args, EVAL_HELP, {
+        "checkpoint": None, "commands": ",".join(evaluation.DEFAULT_COMMANDS), "envs": str(defaults.envs_per_command),
+        "duration_s": str(defaults.duration_s), "settle_s": str(defaults.settle_s),
+        "episodes": str(defaults.episodes), "randomization": defaults.randomization, "out": None})
+    text = options["commands"].strip()
+    if text.startswith("{"):
+        try:
+            commands = json.loads(text)
+        except ValueError as e:
+            raise UsageError(f"commands: invalid JSON ({e}); expected {{name: [v_x, v_y, yaw_rate], ...}}") from None
+    else:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in evaluation.DEFAULT_COMMANDS]
+        if unknown:
+            raise UsageError(f"commands: unknown {unknown}; choose from {list(evaluation.DEFAULT_COMMANDS)} "
+                             "or give JSON {name: [v_x, v_y, yaw_rate]}")
+        commands = {n: evaluation.DEFAULT_COMMANDS[n] for n in names}
+    chosen = evaluation.Options(commands=commands, envs_per_command=_number("envs", options["envs"]),
+                                duration_s=_number("duration_s", options["duration_s"], float),
+                                settle_s=_number("settle_s", options["settle_s"], float),
+                                episodes=_number("episodes", options["episodes"]),
+                                randomization=options["randomization"])
+    loaded = evaluation.load(run, chosen, options["checkpoint"], overrides)
+    if loaded.settings.task.command.type in evaluation.GOAL_COMMANDS:
+        what = f"{chosen.episodes} episodes on {chosen.envs_per_command} envs"
+    else:
+        what = f"{len(commands)} commands x {chosen.envs_per_command} envs x {chosen.duration_s:g} s"
+    print(f"[legion] evaluating {loaded.checkpoint} of {loaded.settings.task.name}: {what}, randomization "
+          f"{chosen.randomization}", flush=True)
+    report = evaluation.measure(loaded, chosen)
+    print(evaluation.table(report))
+    written = evaluation.write(report, options["out"] or run / "eval")
+    print(f"[legion] wrote {', '.join(str(p) for p in written)}")
+
+
+def record(args: list[str]) -> None:
+    from datetime import datetime
+
+    if any(a in ("-h", "--help") for a in args):
+        print(RECORD_HELP)
+        return
+    from legion.sim2real.trajectories.record import record_run
+
+    run, options, overrides = parse_run_args(args, RECORD_HELP, {"checkpoint": None, "episodes": "10", "out": None,
+                                                                 "video": "false", "overwrite": "false"})
+    episodes = _number("episodes", options["episodes"])
+    video, overwrite = _flag("video", options["video"]), _flag("overwrite", options["overwrite"])
+    out = Path(options["out"]) if options["out"] else \
+        run / "trajectories" / f"{datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}.h5"
+    video_dir = out.with_name(out.stem + "_videos") if video else None
+    print(f"[legion] recording {episodes} episodes of {run} into {out}", flush=True)
+    record_run(run, episodes, out, video_dir, options["checkpoint"], overrides, overwrite, on_episode=_print_episode)
+    print(f"[legion] wrote {out}" + (f" and {video_dir}" if video else ""), flush=True)
+
+
+def _file_args(args: list[str], help_text: str, options: dict) -> tuple[Path, dict]:
+    """One positional path and this command's ``option=value``s (no config overrides)."""
+    paths = [a for a in args if "=" not in a]
+    if len(paths) != 1:
+        raise UsageError(f"expected one file, got {paths or 'none'}\n\n{help_text}")
+    chosen = dict(options)
+    for arg in args:
+        if "=" in arg:
+            key, _, value = arg.partition("=")
+            if key not in options:
+                raise UsageError(f"{key}: no such option; options: {', '.join(options)}\n\n{help_text}")
+            chosen[key] = value
+    return Path(paths[0]), chosen
+
+
+def replay(args: list[str]) -> None:
+    if any(a in ("-h", "--help") for a in args):
+        print(REPLAY_HELP)
+        return
+    path, options = _file_args(args, REPLAY_HELP, {"mode": "actions", "episodes": None, "video": "false",
+                                                   "plots": "false", "out": None, "device": None, "overwrite": "false"})
+    if options["mode"] not in ("actions", "states"):
+        raise UsageError(f"mode={options['mode']}: choose mode=actions or mode=states.")
+    episodes = None if options["episodes"] is None else \
+        [_number("episodes", e) for e in options["episodes"].split(",") if e]
+    video, plots = _flag("video", options["video"]), _flag("plots", options["plots"])
+    from legion.sim2real.trajectories.replay import replay_command
+
+    result, written = replay_command(path, options["mode"], episodes, options["device"], video, plots,
+                                     options["out"], _flag("overwrite", options["overwrite"]))
+    print(result.report())
+    if written:
+        print(f"[legion] wrote {len(written)} files into {written[0].parent}")
+
+
+def dataset(args: list[str]) -> None:
+    if not args or args[0] in ("-h", "--help") or any(a in ("-h", "--help") for a in args):
+        print(DATASET_HELP)
+        return
+    if args[0] != "convert":
+        raise UsageError(f"unknown dataset command '{args[0]}'\n\n{DATASET_HELP}")
+    path, options = _file_args(args[1:], DATASET_HELP, {"format": None, "out": None, "run": None, "video": "false",
+                                                        "overwrite": "false"})
+    overwrite = _flag("overwrite", options["overwrite"])
+    if options["format"] == "lerobot":
+        from legion.sim2real.trajectories.lerobot import to_lerobot
+
+        out = Path(options["out"]) if options["out"] else path.with_name(path.stem + "_lerobot")
+        to_lerobot(path, out, video=_flag("video", options["video"]), overwrite=overwrite)
+    elif options["format"] == "hdf5":
+        from legion.sim2real.trajectories.record import convert_robot_log
+
+        if not options["run"]:
+            raise UsageError("format=hdf5 needs run=<run folder>: the run the robot's policy was exported from.")
+        out = Path(options["out"]) if options["out"] else path.with_suffix(".h5") if path.is_file() \
+            else path.with_name(path.name + ".h5")
+        convert_robot_log(path, Path(options["run"]), out, overwrite)
+    else:
+        raise UsageError(f"format={options['format']}: choose format=lerobot (a trajectory file -> LeRobot v3) "
+                         "or format=hdf5 (a robot log -> a trajectory file).")
+    print(f"[legion] wrote {out}")
 
 
 def randomization(args: list[str]) -> None:
@@ -225,10 +485,48 @@ def sim2sim(args: list[str]) -> None:
         Path(options["json"]).write_text(json.dumps({k: result[k] for k in ("newton", "mujoco", "mean", "loop")}, indent=2))
 
 
-COMMANDS = {"train": train, "play": play, "randomization": randomization, "export": export, "sim2sim": sim2sim}
+COMMANDS = {"train": train, "play": play, "eval": evaluate, "record": record, "replay": replay, "dataset": dataset,
+            "randomization": randomization, "export": export, "sim2sim": sim2sim}
+
+
+def _run(command: str, function, *args) -> None:
+    """Runs a command; bad input (any ValueError: its message names the fix) exits with code 2, a
+    training that cannot go on with code 1, both with one message and no traceback."""
+    try:
+        function(*args)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] in TRAINING_STACK:
+            _fail(command, f"needs the training stack ({e.name} is missing): "
+                           "pip install torch==2.13.0 && pip install 'legion-rl[train]'")
+        raise
+    except (UsageError, ValueError) as e:  # ConfigError, RunError, bad requests
+        _fail(command, str(e))
+    except RuntimeError as e:
+        from legion.sim2real.deploy import PolicyLoadError
+        from legion.sim2real.export import ExportError
+
+        if isinstance(e, (ExportError, PolicyLoadError)):
+            _fail(command, str(e))
+        if "legion.sim2real.trajectories.media" in sys.modules:
+            from legion.sim2real.trajectories.media import RenderingUnavailable
+
+            if isinstance(e, RenderingUnavailable):
+                _fail(command, str(e))
+        if "torch" in sys.modules:
+            from legion.agents.runner import TrainingDiverged
+
+            if isinstance(e, TrainingDiverged):  # its message names the causes
+                print(f"legion {command}: {e}", file=sys.stderr)
+                sys.exit(1)
+        raise
 
 
 def main() -> None:
+    import os
+
+    # Offscreen OpenGL for MuJoCo's renderer (video=true): MuJoCo binds its backend when first
+    # imported, which loading a task's simulation does.
+    os.environ.setdefault("MUJOCO_GL", "egl")
     args = sys.argv[1:]
     if not args or args[0] in ("-h", "--help", "help"):
         from legion.runs import task_names
@@ -240,30 +538,7 @@ def main() -> None:
         from legion.runs import task_names
 
         _fail(command, f"unknown command.\n\n{USAGE.format(tasks=', '.join(task_names()))}")
-    try:
-        COMMANDS[command](rest)
-    except ModuleNotFoundError as e:
-        if e.name and e.name.split(".")[0] in TRAINING_STACK:
-            _fail(command, f"needs the training stack ({e.name} is missing): "
-                           "pip install torch==2.13.0 && pip install 'legion-rl[train]'")
-        raise
-    except UsageError as e:
-        _fail(command, str(e))
-    except ValueError as e:  # ConfigError, RunError, bad requests: the message names the fix
-        _fail(command, str(e))
-    except RuntimeError as e:
-        from legion.sim2real.deploy import PolicyLoadError
-        from legion.sim2real.export import ExportError
-
-        if isinstance(e, (ExportError, PolicyLoadError)):
-            _fail(command, str(e))
-        if "torch" in sys.modules:
-            from legion.agents.runner import TrainingDiverged
-
-            if isinstance(e, TrainingDiverged):  # its message names the causes; no traceback
-                print(f"legion {command}: {e}", file=sys.stderr)
-                sys.exit(1)
-        raise
+    _run(command, COMMANDS[command], rest)
 
 
 if __name__ == "__main__":

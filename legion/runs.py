@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +38,10 @@ class RunError(ValueError):
 
 # --- process ---------------------------------------------------------------------------------------
 def setup_process() -> None:
-    """Process-wide settings every command shares: quiet Warp with its kernel cache, torch threads."""
+    """Process-wide settings every command shares: quiet Warp with its kernel cache, torch threads,
+    offscreen OpenGL for MuJoCo's renderer (chosen when mujoco is first imported)."""
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    os.environ.setdefault("MUJOCO_GL", "egl")
     import torch
     import warp as wp
 
@@ -141,7 +144,8 @@ def validate(cfg: schema.Train) -> None:
     sim, agent = cfg.sim, cfg.agent
     positive = {"sim.num_envs": sim.num_envs, "sim.decimation": sim.decimation, "sim.dt": sim.dt,
                 "agent.num_steps_per_env": agent.num_steps_per_env, "agent.save_interval": agent.save_interval,
-                "agent.log_interval": agent.log_interval, "task.episode_length_s": cfg.task.episode_length_s,
+                "agent.log_interval": agent.log_interval, "agent.max_nonfinite_updates": agent.max_nonfinite_updates,
+                "task.episode_length_s": cfg.task.episode_length_s,
                 "agent.algorithm.learning_rate": agent.algorithm.learning_rate,
                 "agent.algorithm.num_learning_epochs": agent.algorithm.num_learning_epochs,
                 "agent.algorithm.num_mini_batches": agent.algorithm.num_mini_batches}
@@ -152,6 +156,10 @@ def validate(cfg: schema.Train) -> None:
                        ("agent.save_every_minutes", agent.save_every_minutes)):
         if value is not None and value <= 0:
             problems.append(f"{key}={value}: must be > 0 or null")
+    record = cfg.task.record
+    if record.every is not None:
+        problems += [f"task.record.{key}={getattr(record, key)}: must be > 0"
+                     for key in ("every", "episodes", "num_envs") if not getattr(record, key) > 0]
     if agent.max_policy_lag < 0:
         problems.append(f"agent.max_policy_lag={agent.max_policy_lag}: must be >= 0")
     if agent.mode not in ("sync", "async"):
@@ -188,16 +196,17 @@ def make_env(cfg):
     return LegionEnv(cfg.task, cfg.sim, device=cfg.device, seed=cfg.seed)
 
 
-def make_runner(env, agent: schema.Agent, log_dir: str | Path | None = None, device: str = "cpu"):
-    """The runner for ``agent.mode``: ``sync`` (collect, then update) or ``async`` (overlapped)."""
+def make_runner(env, agent: schema.Agent, log_dir: str | Path | None = None, device: str = "cpu", group=None):
+    """The runner for ``agent.mode``: ``sync`` (collect, then update) or ``async`` (overlapped);
+    ``group``: this rank's :class:`~legion.agents.distributed.Group` in a multi-process run."""
     if agent.mode == "sync":
         from legion.agents.runner import Runner
 
-        return Runner(env, agent, log_dir, device)
+        return Runner(env, agent, log_dir, device, group)
     if agent.mode == "async":
         from legion.agents.async_runner import AsyncRunner
 
-        return AsyncRunner(env, agent, log_dir, device)
+        return AsyncRunner(env, agent, log_dir, device, group)
     raise ConfigError(f"agent.mode must be 'sync' or 'async', got '{agent.mode}'")
 
 
@@ -288,46 +297,76 @@ def train(cfg, run_dir: Path, resume: bool = False, checkpoint: str | Path | Non
     """Builds the env and the learner and trains, writing into ``run_dir``; returns the runner.
 
     ``resume``: ``run_dir`` is an earlier run: continue from ``checkpoint`` or its newest good
-    one. Ctrl-C or SIGTERM stops training after a checkpoint, and this returns normally.
+    one. Ctrl-C or SIGTERM stops training after a checkpoint, and this returns normally. Started
+    by torchrun as one of several ranks, it joins the process group
+    (:mod:`legion.agents.distributed`): rank 0 reads the checkpoint and alone writes the run folder.
     """
+    from legion.agents import distributed
     from legion.agents.checkpoints import CheckpointError, latest_good_checkpoint, load_checkpoint
     from legion.agents.runner import Interrupted
 
     settings = typed(cfg)
     validate(settings)
-    if resume:
+    group = None
+    if distributed.launched():
+        group, settings.device = distributed.join(settings.device)
+        settings.seed += group.rank  # the global rank: a local rank repeats on every node
+    main = group is None or group.is_main
+    say = print if main else (lambda *args, **kwargs: None)
+    try:
+        path = contents = None
+        if resume and main:
+            try:
+                path, contents = (Path(checkpoint), load_checkpoint(checkpoint)) if checkpoint \
+                    else latest_good_checkpoint(run_dir)
+            except CheckpointError as e:
+                raise RunError(str(e)) from None
+        if resume and group is not None:
+            path, contents = distributed.broadcast((path, contents), group)
+        setup_process()
+        ranks = f" x {group.world_size} ranks ({group.backend})" if group else ""
+        say(f"[legion] task {settings.task.name}, {settings.sim.num_envs} envs{ranks} on {settings.device}, "
+            f"{settings.agent.mode} PPO; run folder {run_dir}", flush=True)
+        seed_everything(settings.seed)
+        say("[legion] building the simulation (the first run compiles Warp kernels: about a minute)", flush=True)
+        # Hydra creates a new run's folder before the job starts: empty (or absent) means new.
+        new = main and not resume and not (run_dir.is_dir() and any(run_dir.iterdir()))
         try:
-            path, contents = (Path(checkpoint), load_checkpoint(checkpoint)) if checkpoint \
-                else latest_good_checkpoint(run_dir)
-        except CheckpointError as e:
-            raise RunError(str(e)) from None
-    setup_process()
-    mode = settings.agent.mode
-    print(f"[legion] task {settings.task.name}, {settings.sim.num_envs} envs on {settings.device}, {mode} PPO; "
-          f"run folder {run_dir}", flush=True)
-    seed_everything(settings.seed)
-    print("[legion] building the simulation (the first run compiles Warp kernels: about a minute)", flush=True)
-    created = not run_dir.exists()
-    try:
-        env = make_env(settings)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
-        runner = make_runner(env, settings.agent, log_dir=run_dir, device=settings.device)
-    except BaseException:
-        if created and run_dir.is_dir() and not any(run_dir.iterdir()):
-            run_dir.rmdir()  # a run that never started leaves no folder behind
-        raise
-    if resume:
-        runner.load(path, contents)
-        print(f"[legion] resumed from {path} at iteration {runner.iteration} "
-              f"(learning rate {runner.ppo.learning_rate:.3g})", flush=True)
-    try:
-        runner.learn(settings.agent.max_iterations)
-    except Interrupted as e:
-        from legion.agents.checkpoints import checkpoints
+            env = make_env(settings)
+            if main:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                save_config(cfg, run_dir / "config.yaml")
+            runner = make_runner(env, settings.agent, log_dir=run_dir if main else None, device=settings.device,
+                                 group=group)
+            if main and settings.task.record.every is not None:
+                from legion.sim2real.trajectories.record import TrainingRecorder
 
-        saved = checkpoints(run_dir)
-        latest = f"latest checkpoint {saved[-1].name}" if saved else "no checkpoint yet"
-        print(f"\n[legion] stopped by {e.signal_name} at iteration {runner.iteration}; {latest} in {run_dir} "
-              f"(continue: legion train resume={run_dir})", flush=True)
-    return runner
+                runner.on_iteration.append(TrainingRecorder(run_dir, settings))
+        except BaseException:
+            if new:  # a run that never started leaves no folder behind (all in it was written just now)
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+        if resume:
+            runner.load(path, contents)
+            say(f"[legion] resumed from {path} at iteration {runner.iteration} "
+                f"(learning rate {runner.ppo.learning_rate:.3g})", flush=True)
+        try:
+            runner.learn(settings.agent.max_iterations)
+        except Interrupted as e:
+            from legion.agents.checkpoints import checkpoints
+
+            saved = checkpoints(run_dir)
+            latest = f"latest checkpoint {saved[-1].name}" if saved else "no checkpoint yet"
+            say(f"\n[legion] stopped by {e.signal_name} at iteration {runner.iteration}; {latest} in {run_dir} "
+                f"(continue: legion train resume={run_dir})", flush=True)
+        return runner
+    except Exception as e:
+        if group is not None and distributed.is_lost_rank(e):
+            raise distributed.RankLost(
+                f"rank {group.rank} of {group.world_size}: another rank stopped answering ({str(e).splitlines()[0]}); "
+                "it died, was killed or its machine became unreachable: see that rank's output. Rank 0 writes the "
+                f"checkpoints: continue with legion train resume={run_dir}.") from e
+        raise
+    finally:
+        if group is not None:
+            distributed.leave()

@@ -90,6 +90,16 @@ def build_metadata(loaded, actor) -> dict:
             fall["contact_threshold"] = term.params["threshold"]
         elif term.func is terminations.base_height_below:
             fall["min_base_height"] = term.params["height"]
+    scan = next((t for t in terms if t["func"] == "height_scan"), None)
+    height_scan = None
+    if scan is not None:  # the points a robot reports terrain heights at, in this order
+        from legion.tasks.mdp.observations import scan_points
+
+        params = scan["params"]
+        points = scan_points(tuple(params["size"]), float(params["resolution"]))
+        height_scan = {"points": [[round(v, 6) for v in p] for p in points.tolist()], "offset": params["offset"],
+                       "frame": "base heading (yaw only): x forward, y left [m]",
+                       "value": "terrain height - base height at each point [m] (robot state key height_scan)"}
     recurrent = None
     if getattr(actor, "is_recurrent", False):
         rnn = actor.rnn.rnn
@@ -130,6 +140,7 @@ def build_metadata(loaded, actor) -> dict:
         "ground_friction": task.scene.ground.friction if task.scene.ground else None,
         "tracking": tracking,
         "fall": fall,
+        "height_scan": height_scan,
         "normalizer": "in the graph: (obs - mean) / (std + eps)" if actor.obs_normalization else "none",
         "onnx": {"opset": OPSET, "inputs": inputs, "outputs": outputs, "recurrent": recurrent,
                  "obs_dim": start, "num_actions": env.num_actions},

@@ -25,16 +25,19 @@ from tensordict import TensorDict
 
 from legion.configs.schema import Sim, Task
 from legion.tasks import mdp
-from legion.tasks.sim import NewtonSim
+from legion.tasks.sim import SOLVER_LIMITS, NewtonSim
 
 
 class ContactTimers:
-    """Per-body air and contact time of the robot, for gait rewards. Shapes (num_envs, num_bodies) [s]."""
+    """Per-body air and contact time of the robot, for gait rewards. Shapes (num_envs, num_bodies) [s]:
+    ``air_time`` / ``contact_time`` the current phase's duration so far (0 in the other phase),
+    ``last_air_time`` the last completed flight, ``first_contact`` a touchdown this step."""
 
     def __init__(self, env, threshold: float = 1.0):
         n, b = env.num_envs, env.robot.num_bodies
         self.env, self.threshold = env, threshold
         self.air_time = torch.zeros(n, b, device=env.device)
+        self.contact_time = torch.zeros_like(self.air_time)
         self.last_air_time = torch.zeros_like(self.air_time)
         self.first_contact = torch.zeros(n, b, dtype=torch.bool, device=env.device)
 
@@ -43,9 +46,11 @@ class ContactTimers:
         self.first_contact = in_contact & (self.air_time > 0.0)
         self.last_air_time = torch.where(self.first_contact, self.air_time + dt, self.last_air_time)
         self.air_time = torch.where(in_contact, 0.0, self.air_time + dt)
+        self.contact_time = torch.where(in_contact, self.contact_time + dt, 0.0)
 
     def reset(self, mask: torch.Tensor) -> None:
         self.air_time.masked_fill_(mask[:, None], 0.0)
+        self.contact_time.masked_fill_(mask[:, None], 0.0)
         self.last_air_time.masked_fill_(mask[:, None], 0.0)
 
 
@@ -99,6 +104,10 @@ class LegionEnv(VecEnv):
         sim: the :class:`~legion.tasks.sim.NewtonSim`; ``scene`` its entities by name, ``robot`` the robot.
         action, command: the task's action term and command (``None`` if it has none).
         contacts: the robot's :class:`ContactTimers` (``None`` without contact sensing).
+        after_physics: callables ``f(env)`` run in every step right after the physics, before
+            rewards, resets and events (e.g. a recorder reading the state each episode ends in).
+        reward_values: each reward term's value of the latest step (weight and control dt
+            included), (num_envs,) by term name.
         success: the task's :class:`SuccessTracker` (``None`` if it defines no success).
         observation_terms, reward_terms, termination_terms: the resolved :class:`~legion.tasks.mdp.Term`\\ s.
         events: the :class:`~legion.tasks.mdp.events.Events`.
@@ -139,6 +148,9 @@ class LegionEnv(VecEnv):
             self.command = mdp.COMMANDS[task.command.type](self, task.command)
         self.contacts = ContactTimers(self) if self.sim.senses_contacts else None
         self.success = SuccessTracker(self, task.success) if task.success is not None else None
+        # On a generated terrain: each env's tile (level, type) and the origin its episodes start from.
+        self.terrain_levels = (mdp.curriculum.TerrainLevels(self, task.scene.ground.terrain)
+                               if self.sim.terrain is not None else None)
         self.observation_terms = {
             group: [mdp.resolve(self, "observations", name, term, f"task.observations.{group}.{name}")
                     for name, term in terms.items()]
@@ -150,6 +162,8 @@ class LegionEnv(VecEnv):
                                   for name, term in task.terminations.items()]
         self.events = mdp.events.Events(self, task.events)
         self.episode_sums = {t.name: torch.zeros(self.num_envs, device=device) for t in self.reward_terms}
+        self.reward_values: dict[str, torch.Tensor] = {}
+        self.after_physics: list = []
         self.terminated = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
         self.time_outs = torch.zeros_like(self.terminated)
         self.extras: dict = {"log": {}}
@@ -184,13 +198,16 @@ class LegionEnv(VecEnv):
 
         ``extras["time_outs"]`` (N,) bool marks episodes cut by the time limit (bootstrapped by
         PPO); ``extras["log"]`` holds this step's scalars (termination shares, randomization
-        ranges); ``extras["episodes"]`` sums over the episodes that ended this step: ``count`` and
-        per reward term ``Episode_Reward/<term>`` (each episode's reward per second), and with a
-        ``task.success``, ``Episode_Success/rate`` (how many succeeded). All are
-        device tensors (or Python numbers), never read back here.
+        ranges, the share of worlds whose solver hit each limit: ``Solver/<limit>_fraction``, see
+        :data:`legion.tasks.sim.SOLVER_LIMITS`); ``extras["episodes"]`` sums over the episodes that
+        ended this step: ``count`` and per reward term ``Episode_Reward/<term>`` (each episode's
+        reward per second), and with a ``task.success``, ``Episode_Success/rate`` (how many
+        succeeded). All are device tensors (or Python numbers), never read back here.
         """
         self.action.apply(actions.to(self.device))
         self.sim.step()
+        for hook in self.after_physics:
+            hook(self)
         self.episode_length_buf += 1
         if self.command is not None:
             self.command.step()
@@ -198,25 +215,35 @@ class LegionEnv(VecEnv):
             self.contacts.step(self.step_dt)
         if self.success is not None:
             self.success.step()
-        self.extras = {"log": {}}
+        # The share of worlds whose solver stopped at a limit this step (device tensors: no sync).
+        limits = self.sim.solver_limits / self.num_envs
+        self.extras = {"log": {f"Solver/{name}_fraction": value for name, value in zip(SOLVER_LIMITS, limits)}}
         self._compute_terminations()
         rewards = self._compute_rewards()
         dones = self.terminated | self.time_outs
         self._reset(dones)
         self.events.step(self.step_dt)
         self.extras["log"].update(self.events.log())
+        if self.terrain_levels is not None:
+            self.extras["log"]["Curriculum/terrain_level"] = self.terrain_levels.levels.float().mean()
         self._observations = self._compute_observations()
         self.extras["time_outs"] = self.time_outs.clone()
         return self._observations, rewards, dones, self.extras
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps of the env: ``{"randomization": {term: {"range": [low, high],
-        "distribution": ..., "mode": ...}}, "step_count": control steps so far}`` (enabled terms)."""
-        return self.events.state_dict()
+        "distribution": ..., "mode": ...}}, "step_count": control steps so far}`` (enabled terms),
+        and on a terrain ``"terrain": {"levels": (num_envs,)}``."""
+        state = self.events.state_dict()
+        if self.terrain_levels is not None:
+            state["terrain"] = self.terrain_levels.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores the current randomization ranges and the curriculum's step count."""
+        """Restores the current randomization ranges, the curriculum's step count and terrain levels."""
         self.events.load_state_dict(state)
+        if self.terrain_levels is not None and "terrain" in state:
+            self.terrain_levels.load_state_dict(state["terrain"])
 
     def observation_layout(self) -> dict[str, list[dict]]:
         """Per group, the terms in order: name, function, start, size, scale, clip, params (for
@@ -249,7 +276,7 @@ class LegionEnv(VecEnv):
     def _compute_rewards(self) -> torch.Tensor:
         total = torch.zeros(self.num_envs, device=self.device)
         for term in self.reward_terms:
-            value = term(self) * (term.weight * self.step_dt)
+            value = self.reward_values[term.name] = term(self) * (term.weight * self.step_dt)
             self.episode_sums[term.name] += value
             total += value
         if self.cfg.only_positive_rewards:
@@ -296,6 +323,8 @@ class LegionEnv(VecEnv):
             self.extras["episodes"].update(self.success.reset(mask, finished))
         for sums in self.episode_sums.values():
             sums.masked_fill_(mask, 0.0)
+        if self.terrain_levels is not None:  # levels move by the distance walked; origins follow
+            self.terrain_levels.update(mask)
         # The default state of every entity, the reset events' perturbations, then body poses (FK).
         robot, rows = self.robot, mask[:, None]
         robot.joint_pos[:] = torch.where(rows, robot.default_joint_pos, robot.joint_pos)

@@ -1,9 +1,11 @@
 """PPO on rsl-rl's core: it learns cart-pole, and checkpoints restore everything exactly, on any device."""
 
+import re
+
 import pytest
 import torch
 
-from conftest import make_runner
+from conftest import compose, make_runner
 from legion.agents.runner import TrainingDiverged
 from legion.agents.checkpoints import (CheckpointError, latest_checkpoint, latest_good_checkpoint, load_checkpoint,
                                        prune, save_checkpoint)
@@ -18,6 +20,15 @@ def test_ppo_triples_cartpole_episode_length_within_30_iterations():
     runner.learn(30)
     print(f"episode length {start_length:.1f} -> {runner.mean_episode_length:.1f} after {runner.iteration} iterations")
     assert runner.mean_episode_length >= 3 * start_length
+
+
+def test_the_progress_line_shows_how_often_the_solver_hit_a_limit(capsys):
+    runner = make_runner("task=quadruped_flat", "sim.num_envs=4", "agent.num_steps_per_env=8",
+                         "sim.solver_options.ls_iterations=1")  # a linesearch that rarely converges
+    runner.learn(1)
+    line = capsys.readouterr().out
+    share = re.search(r"solver limits ([\d.]+)%/step", line)
+    assert share and float(share.group(1)) > 0, line
 
 
 def test_checkpoint_restores_policy_optimizer_normalizer_and_rng(tmp_path):
@@ -118,3 +129,39 @@ def test_training_stops_with_a_checkpoint_when_too_many_worlds_go_nan(tmp_path):
         runner.learn(5)
     assert runner.iteration == 2 and latest_checkpoint(tmp_path).name == "model_2.pt"
     assert all(torch.isfinite(t).all() for t in runner.ppo.actor.state_dict().values())
+
+
+def test_a_resumed_run_purges_the_tensorboard_steps_logged_after_its_checkpoint(tmp_path):
+    """Killed after iteration 5 was logged but before its checkpoint, resumed from model_3.pt: TensorBoard
+    shows each iteration once, steps 4 and 5 from the resumed attempt (SummaryWriter's purge_step)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def rewards():
+        events = EventAccumulator(str(tmp_path))
+        events.Reload()
+        return events.Scalars("Train/mean_reward")
+
+    first = make_runner(*SMALL, "agent.save_interval=3", log_dir=tmp_path)
+    first.learn(5)
+    (tmp_path / "model_5.pt").unlink()  # the kill came before this checkpoint was written
+    assert [e.step for e in rewards()] == [1, 2, 3, 4, 5]
+
+    resumed = make_runner(*SMALL, "agent.save_interval=3", log_dir=tmp_path)
+    resumed.load(latest_good_checkpoint(tmp_path)[0])
+    resumed.learn(6)
+    resumed.log.flush()
+    events = rewards()
+    assert [e.step for e in events] == [1, 2, 3, 4, 5, 6]
+    assert [e.value for e in events[3:]] == pytest.approx([h["mean_reward"] for h in resumed.history])
+
+
+def test_resume_falls_back_past_a_truncated_newest_checkpoint_with_a_warning_naming_it(tmp_path, capsys):
+    from legion import runs
+
+    runs.train(compose(*SMALL, "agent.save_interval=1", "agent.max_iterations=2"), tmp_path)
+    data = (tmp_path / "model_2.pt").read_bytes()
+    (tmp_path / "model_2.pt").write_bytes(data[: len(data) // 2])  # e.g. a copy cut short, a full disk
+    with pytest.warns(UserWarning, match=r"Checkpoint .*model_2\.pt is unreadable .*Falling back to an earlier"):
+        runner = runs.train(runs.load_run_config(tmp_path, ["agent.max_iterations=3"]), tmp_path, resume=True)
+    assert f"resumed from {tmp_path / 'model_1.pt'} at iteration 1" in capsys.readouterr().out
+    assert runner.iteration == 3 and load_checkpoint(tmp_path / "model_3.pt")["iteration"] == 3

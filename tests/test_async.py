@@ -19,6 +19,7 @@ from conftest import ROOT, compose, make_env, make_runner, typed
 from legion.agents.async_runner import AsyncRunner
 from legion.agents.checkpoints import latest_checkpoint, load_checkpoint
 from legion.agents.ppo import RolloutBuffer, build_behaviour_ppo, build_ppo, compute_returns_off_policy, vtrace
+from legion.agents.runner import TrainingDiverged
 
 SMALL = ("task=cartpole", "sim.num_envs=32", "agent.num_steps_per_env=8")
 STEPS, ENVS = 8, 32
@@ -232,12 +233,15 @@ def test_timed_snapshots_and_ctrl_c_snapshot_are_consistent(env, tmp_path):
 
 
 class _Finalized:
-    """An object whose finalizer is running when Ctrl-C arrives."""
+    """An object whose finalizer is running when Ctrl-C arrives; ``handled_at``: when it finished."""
+
+    handled_at: list = []
 
     def __del__(self):
         _thread.interrupt_main()  # the signal is handled while the finalizer's Python code runs ...
         for _ in range(10_000):  # ... here, where an exception cannot propagate
             pass
+        _Finalized.handled_at.append(time.perf_counter())
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
@@ -247,7 +251,8 @@ def test_ctrl_c_handled_inside_a_finalizer_still_stops_training_within_a_second(
     continuous run went on writing snapshots. The runners turn the signal into a flag instead:
     the envs stop stepping within a second, then the checkpoint is written."""
     runner = _runner(f"agent.mode={mode}", env=env, log_dir=tmp_path)
-    record, step, interrupted_at, stepped_at = runner.log.record, env.step, [], []
+    record, step, stepped_at = runner.log.record, env.step, []
+    _Finalized.handled_at.clear()
 
     def record_then_collect(report):
         record(report)
@@ -255,8 +260,7 @@ def test_ctrl_c_handled_inside_a_finalizer_still_stops_training_within_a_second(
             garbage = _Finalized()
             garbage.cycle = garbage  # only the cyclic garbage collector frees it
             del garbage
-            interrupted_at.append(time.perf_counter())
-            gc.collect()
+            gc.collect()  # (a full collection holds the interpreter for up to seconds on a big heap)
 
     def timed_step(actions):
         stepped_at.append(time.perf_counter())
@@ -268,9 +272,50 @@ def test_ctrl_c_handled_inside_a_finalizer_still_stops_training_within_a_second(
             runner.learn(None)  # until stopped
     finally:
         del env.step
-    assert stepped_at[-1] - interrupted_at[0] < 1.0 and time.perf_counter() - interrupted_at[0] < 10.0
+    handled_at = _Finalized.handled_at[0]
+    assert stepped_at[-1] - handled_at < 1.0 and time.perf_counter() - handled_at < 10.0
     assert _no_worker_threads()
     assert latest_checkpoint(tmp_path).name == f"model_{runner.iteration}.pt" and runner.iteration >= 2
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_nan_update_is_skipped_for_the_last_good_weights_and_repeated_ones_stop_with_a_checkpoint(
+        env, tmp_path, mode, capsys):
+    """NaN weights injected after update 2 (once), then after every update from 4 on."""
+    runner = _runner(f"agent.mode={mode}", "agent.save_interval=1", "agent.max_nonfinite_updates=2",
+                     env=env, log_dir=tmp_path)
+    update, updates = runner.ppo.update, []
+
+    def update_then_poison():
+        losses = update()
+        updates.append(1)
+        if len(updates) == 2 or len(updates) >= 4:
+            with torch.no_grad():
+                runner.ppo.actor.mlp[0].weight[0, 0] = float("nan")
+        return losses
+
+    runner.ppo.update = update_then_poison
+    with pytest.raises(TrainingDiverged) as diverged:
+        runner.learn(100)
+    out = capsys.readouterr().out
+    message = str(diverged.value)
+    assert "made actor NaN/Inf in 2 iterations in a row (4-5); stopped. The last good weights are saved in" in message
+    for cause in ("agent.algorithm.learning_rate=0.001", "task.rewards", "task.observations scale",
+                  "obs_normalization"):
+        assert cause in message
+    assert ("iteration 2: the PPO update made actor NaN/Inf; it was skipped and the weights from before it restored "
+            "(1 in a row; 2 stop training") in out
+    assert "iteration 3: the PPO" not in out and "iteration 4: the PPO" in out and "iteration 5: the PPO" in out
+    assert _no_worker_threads()
+
+    def actor(it):
+        return load_checkpoint(tmp_path / f"model_{it}.pt")["policy"]["actor_state_dict"]["mlp.0.weight"]
+
+    assert torch.equal(actor(2), actor(1))  # update 2 skipped: iteration 1's weights
+    assert not torch.equal(actor(3), actor(2)) and torch.isfinite(actor(3)).all()  # update 3 learned
+    newest = load_checkpoint(latest_checkpoint(tmp_path))
+    assert torch.equal(newest["policy"]["actor_state_dict"]["mlp.0.weight"], actor(3))  # the last good weights
+    assert all(torch.isfinite(t).all() for t in newest["policy"]["actor_state_dict"].values())
 
 
 def test_sigterm_writes_a_final_checkpoint_and_exits_cleanly(tmp_path):

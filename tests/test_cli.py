@@ -93,6 +93,25 @@ def test_bad_arguments_fail_first_with_exit_code_2(tmp_path):
     assert not (tmp_path / "runs").exists()  # nothing was started
 
 
+def test_a_run_whose_env_fails_to_build_leaves_no_run_folder(tmp_path):
+    result = legion("train", "task.scene.robot.file=missing.xml", "sim.num_envs=4", cwd=tmp_path)
+    assert result.returncode == 1 and "Robot model 'missing.xml' not found" in result.stderr
+    assert (tmp_path / "runs" / "cartpole").is_dir()  # Hydra made the run folder before the job ran ...
+    assert not list((tmp_path / "runs").glob("*/*"))  # ... and the failed start removed it
+
+
+def test_resume_from_a_chosen_checkpoint(tmp_path):
+    from legion import runs
+
+    run = tmp_path / "run"
+    runs.train(compose("task=cartpole", "sim.num_envs=16", "agent.num_steps_per_env=8", "agent.save_interval=1",
+                       "agent.max_iterations=3"), run)
+    result = legion("train", f"resume={run}", f"checkpoint={run / 'model_1.pt'}", "agent.max_iterations=2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resumed from {run / 'model_1.pt'} at iteration 1" in result.stdout
+    assert "[it 2/2]" in result.stdout and "[it 1/" not in result.stdout
+
+
 def test_unknown_task_lists_the_valid_ones(tmp_path):
     result = legion("train", "task=quadruped_flatt", cwd=tmp_path)
     out = result.stderr + result.stdout
@@ -104,9 +123,13 @@ def test_every_command_has_help(tmp_path):
     top = legion("--help", cwd=tmp_path)
     assert top.returncode == 0 and "train" in top.stdout and "play" in top.stdout and "quadruped_flat" in top.stdout
     train = legion("train", "--help", cwd=tmp_path)
-    assert train.returncode == 0 and "legion train" in train.stdout and "task: cartpole, quadruped_flat" in train.stdout
-    for command, usage in (("play", "run=<run folder>"), ("export", "legion export run=<run folder>"),
+    assert train.returncode == 0 and "legion train" in train.stdout
+    assert "task: arm_lift, arm_reach, biped_flat, cartpole, quadruped_flat, quadruped_rough" in train.stdout
+    for command, usage in (("play", "run=<run folder>"), ("eval", "legion eval run=<run folder>"),
+                           ("export", "legion export run=<run folder>"),
                            ("sim2sim", "legion sim2sim run=<run folder>"), ("randomization", "legion randomization"),
+                           ("record", "legion record run=<run folder>"), ("replay", "legion replay <file.h5>"),
+                           ("dataset", "legion dataset convert <input> format=lerobot|hdf5"),
                            ("train resume=x", "legion train resume=<run folder>")):
         result = legion(*command.split(), "--help", cwd=tmp_path)
         assert result.returncode == 0 and usage in result.stdout, command

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import make_env
+from legion.tasks.sim import SOLVER_LIMITS
 
 
 def test_vecenv_contract(quadruped_env):
@@ -19,7 +20,9 @@ def test_vecenv_contract(quadruped_env):
         assert value.dtype == torch.float32 and value.device.type == "cpu"
     assert rewards.shape == (4,) and dones.shape == (4,) and dones.dtype == torch.bool
     assert extras["time_outs"].shape == (4,) and extras["time_outs"].dtype == torch.bool
-    assert all(key.startswith(("Episode_", "Randomization/")) for key in extras["log"])
+    assert all(key.startswith(("Episode_", "Randomization/", "Solver/")) for key in extras["log"])
+    solver = [extras["log"][f"Solver/{name}_fraction"] for name in SOLVER_LIMITS]  # on the device, never .item()'d
+    assert torch.equal(torch.stack(solver), env.sim.solver_limits / 4)
 
 
 def test_time_outs_only_on_time_outs():
@@ -103,14 +106,19 @@ def test_tracking_reward_is_higher_at_the_commanded_velocity(quadruped_env):
     assert (off_command[0] < 0.1).all() and (off_command[1] < 0.4).all()
 
 
-def test_the_env_step_reads_nothing_back_to_the_host(monkeypatch):
+@pytest.mark.parametrize("task", [
+    ("task=quadruped_flat",),
+    ("task=quadruped_rough", "task.scene.ground.terrain.num_levels=3", "task.scene.ground.terrain.num_cols=4",
+     "task.scene.ground.terrain.border=2"),  # terrain curriculum and height scans too
+], ids=["flat", "rough"])
+def test_the_env_step_reads_nothing_back_to_the_host(monkeypatch, task):
     """On a GPU every read-back (.item(), .nonzero(), bool(tensor), ...) stalls the step until the
     device catches up. Steps with resets, command resampling, pushes and every randomization term
     on call none of them (here, on the CPU, caught by name)."""
     from conftest import compose
 
-    names = compose("task=quadruped_flat").task.events.keys()
-    env = make_env("task=quadruped_flat", "sim.num_envs=8", "task.episode_length_s=0.1",
+    names = compose(*task).task.events.keys()
+    env = make_env(*task, "sim.num_envs=8", "task.episode_length_s=0.1",
                    "task.command.resampling_time_s=0.06", "task.events.push.interval_s=[0.02,0.06]",
                    *(f"++task.events.{name}.enabled=true" for name in names))
     env.step(torch.zeros(8, 12))

@@ -1,6 +1,7 @@
 """Manipulation: the authored arm against its published kinematics, a gripper that holds, reach
 rewards and success, cube randomization, short training, export to the edge runtime."""
 
+import json
 import math
 
 import numpy as np
@@ -327,10 +328,14 @@ def test_arm_policies_export_and_the_edge_runtime_acts_as_the_env(exported):
 
 
 @pytest.mark.parametrize("exported", ["arm_reach"], indirect=True)
-def test_manipulation_metrics_report_success_time_and_final_errors(exported):
+def test_eval_reports_success_time_and_final_errors(exported, tmp_path):
     """A policy that outputs zero holds the home pose; with the command fixed at the home pose it
     succeeds in every episode as soon as the hold is complete."""
-    from legion.manipulation_eval import manipulation_metrics
+    from legion.evaluation import Options, measure, table, write
+
+    def manipulation_metrics(loaded, episodes):
+        report = measure(loaded, Options(episodes=episodes))
+        return {**report["rows"][0], **report["summary"], "report": report}
 
     loaded, env = exported["loaded"], exported["env"]
     last = [m for m in loaded.runner.ppo.get_policy().modules() if isinstance(m, torch.nn.Linear)][-1]
@@ -347,6 +352,9 @@ def test_manipulation_metrics_report_success_time_and_final_errors(exported):
         assert metrics["episodes"] == 6 and metrics["success_rate"] == 1.0
         assert metrics["time_to_success_s"]["max"] == pytest.approx(0.5)
         assert metrics["final_position_error_m"]["max"] < 1e-3 and metrics["final_orientation_error_rad"]["max"] < 1e-3
+        assert "success_rate" in table(metrics["report"]) and "100%" in table(metrics["report"])
+        json_path, png_path = write(metrics["report"], tmp_path)
+        assert json.loads(json_path.read_text())["rows"][0]["episodes"] == 6 and png_path.stat().st_size > 5000
         env.command.hold(tcp_pose(env) + torch.tensor([0.05, 0, 0, 0, 0, 0, 0]))
         metrics = manipulation_metrics(loaded, episodes=4)
         assert metrics["success_rate"] == 0.0 and metrics["time_to_success_s"] is None

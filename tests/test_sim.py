@@ -1,6 +1,7 @@
 """The simulation seam: a scene of entities, independent worlds, graph == eager, zero-copy views,
 contacts, errors."""
 
+import ctypes
 import threading
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 import warp as wp
 
 from legion.configs.schema import Fixture, RigidObject, Robot, Scene
-from legion.tasks.sim import NewtonSim
+from legion.tasks.sim import SOLVER_LIMITS, NewtonSim
 
 QUAD = dict(scene="quadruped.xml", dt=0.005, decimation=4)
 STAND_POSE = torch.tensor([0.1, 0.8, -1.5, -0.1, 0.8, -1.5, 0.1, 1.0, -1.5, -0.1, 1.0, -1.5])
@@ -61,6 +62,32 @@ def test_graph_step_equals_eager_step_bit_for_bit(quad_pair):
     assert torch.equal(graph.joint_qd, eager.joint_qd)
     assert torch.equal(graph.contact_forces, eager.contact_forces)
     assert graph.joint_qd.abs().max() > 0.1  # it really moved
+
+
+def test_a_linesearch_at_its_limit_is_counted_the_same_in_graph_and_eager_and_printed_nowhere(capfd):
+    """MuJoCo Warp printed two lines for every world stopping at ``ls_iterations``, hundreds per
+    training run. With one linesearch iteration, quadrupeds dropped onto the ground stop there at
+    impact: each control step counts those worlds, on the device, and nothing is printed."""
+    counts = {}
+    for use_graph in (True, False):
+        sim = NewtonSim(num_envs=4, use_graph=use_graph, solver_options={"iterations": 10, "ls_iterations": 1}, **QUAD)
+        stand(sim, height=0.45)
+        counts[use_graph] = []
+        for _ in range(12):
+            sim.step()
+            counts[use_graph].append(sim.solver_limits.clone())
+    ctypes.CDLL(None).fflush(None)  # Warp's CPU printf writes through C's stdio buffer
+    out, err = capfd.readouterr()
+    assert "limit reached" not in out + err
+    graph, eager = torch.stack(counts[True]), torch.stack(counts[False])
+    assert torch.equal(graph, eager)
+    limit, linesearch = SOLVER_LIMITS.index("limit"), SOLVER_LIMITS.index("linesearch_limit")
+    assert graph[0].sum() == 0  # in the air the solver has nothing to solve
+    assert graph[:, linesearch].max() == 4  # impact: every world (a step counts worlds, at most 4)
+    either, iterations = graph[:, limit], graph[:, SOLVER_LIMITS.index("iteration_limit")]
+    assert (either >= torch.maximum(graph[:, linesearch], iterations)).all()
+    assert (either <= graph[:, linesearch] + iterations).all()
+    assert graph[:, SOLVER_LIMITS.index("overflow")].sum() == 0
 
 
 def test_sims_stepped_from_two_threads_take_turns(quad_pair):

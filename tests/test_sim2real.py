@@ -65,6 +65,21 @@ def robot_state(env, i: int) -> dict:
     }
 
 
+def nan_output_policy(trained, folder):
+    """The trained policy exported with a NaN in one output bias (unverified, on purpose): its path."""
+    import copy
+
+    from legion.sim2real.export import to_onnx
+
+    actor = copy.deepcopy(trained["runner"].ppo.get_policy())
+    with torch.no_grad():
+        actor.mlp[-1].bias[3] = float("nan")
+    meta = json.loads((trained["out"] / "policy.json").read_text())
+    meta.pop("files"), meta.pop("verification")
+    onnx.save(to_onnx(actor, meta), folder / "policy.onnx")
+    return folder / "policy.onnx"
+
+
 # --- export ------------------------------------------------------------------------------------
 def test_export_verifies_fp32_and_fp16(trained):
     report, out = trained["report"], trained["out"]
@@ -177,14 +192,45 @@ def test_runtime_observation_and_targets_match_env(trained):
     assert np.abs(runtime.last_action).max() > 0.05  # the comparison covered a moving last_action
 
 
-def test_runtime_names_missing_state_keys(trained):
-    from legion.sim2real.deploy import PolicyRunner
+def test_act_names_the_bad_field_and_never_returns_a_non_finite_target(trained, tmp_path):
+    """Each malformed robot state is refused naming the field and what it must be; NaN or Inf in
+    the state, or out of the network, raises instead of becoming a target; unknown keys are ignored."""
+    from legion.sim2real.deploy import NonFiniteError, PolicyRunner, StateError
 
     runtime = PolicyRunner(trained["out"] / "policy.onnx")
-    state = robot_state(trained["env"], 0)
-    del state["base_quat"]
-    with pytest.raises(KeyError, match="robot state lacks \\['base_quat'\\]"):
-        runtime.act(state)
+    good = {**robot_state(trained["env"], 0), "mode": "walking", "note": None}  # extra keys, not numbers
+    assert np.all(np.isfinite(runtime.act(good)))
+    as_lists = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in good.items()}
+    assert np.array_equal(runtime.observation(as_lists), runtime.observation(good))  # plain lists are fine too
+    refused = {
+        "base_quat": (np.zeros(4, np.float32), StateError,
+                      r"'base_quat' = \[0.0, 0.0, 0.0, 0.0\] has norm 0: expected a unit quaternion \(x, y, z, w\)"),
+        "joint_pos": (np.zeros(11, np.float32), StateError,
+                      r"'joint_pos' has shape \(11,\) and dtype float32; the policy expects shape \(12,\) numbers, "
+                      r"one per joint in metadata\['joint_names'\] order"),
+        "joint_vel": (["fast"] * 12, StateError, r"'joint_vel' has shape \(12,\) and dtype <U4"),
+        "base_lin_vel": ([[0.0, 0.1], [0.2]], StateError, r"'base_lin_vel' is not an array of numbers"),
+    }
+    for key, (value, error, message) in refused.items():
+        with pytest.raises(error, match=message):
+            runtime.act({**good, key: value})
+    missing = dict(good)
+    del missing["base_ang_vel"]
+    with pytest.raises(StateError, match=r"robot state lacks \['base_ang_vel'\] \(the policy's observation needs"):
+        runtime.act(missing)
+
+    last_action = runtime.last_action.copy()
+    with pytest.raises(NonFiniteError, match=r"non-finite robot state \['base_lin_vel', 'joint_vel'\]"):
+        runtime.act({**good, "joint_vel": np.full(12, np.nan, np.float32), "base_lin_vel": np.array([np.inf, 0, 0])})
+    with pytest.raises(NonFiniteError, match=r"non-finite robot state \['base_quat'\]"):
+        runtime.act({**good, "base_quat": np.array([np.nan, 0, 0, 1], np.float32)})
+    with pytest.raises(NonFiniteError, match=r"non-finite robot state \['command'\]"):
+        runtime.act(good, [np.nan, 0.0, 0.0])
+    assert np.array_equal(runtime.last_action, last_action)  # nothing of a refused call is kept
+
+    broken = PolicyRunner(nan_output_policy(trained, tmp_path))
+    with pytest.raises(NonFiniteError, match="non-finite policy output .* the ONNX model is broken. Re-export"):
+        broken.act(good)
 
 
 def test_recurrent_policies_export_with_hidden_state(trained, tmp_path):
@@ -269,6 +315,23 @@ def test_truncated_or_tampered_files_are_refused(trained, tmp_path):
         PolicyRunner(bare / "foreign.onnx")
 
 
+def test_policy_json_that_disagrees_with_the_onnx_metadata_is_refused_naming_both(trained, tmp_path):
+    """A robot's driver may set its servos from policy.json while the runtime reads the embedded
+    metadata: an edit to one of them must not pass silently."""
+    from legion.sim2real.deploy import PolicyLoadError, PolicyRunner
+
+    folder = tmp_path / "edited_json"
+    shutil.copytree(trained["out"], folder)
+    sidecar = json.loads((folder / "policy.json").read_text())
+    sidecar["joint_stiffness"] = [60.0] * 12  # e.g. gains retuned by hand in the JSON only
+    (folder / "policy.json").write_text(json.dumps(sidecar))
+    with pytest.raises(PolicyLoadError, match=r"(?s)policy.json and the metadata embedded in policy.onnx disagree on "
+                       r"\['joint_stiffness'\] \(e.g. 'joint_stiffness': policy.json says \[60.0, .*the ONNX file "
+                       r"\[80.0, .*This runtime would use the embedded metadata.*Re-export"):
+        PolicyRunner(folder / "policy.onnx")
+    assert PolicyRunner(folder / "policy.onnx", check_hash=False).metadata["joint_stiffness"] == [80.0] * 12
+
+
 # --- the control loop's safety layer, on the MuJoCo robot ---------------------------------------------
 class FlakySensors:
     """Wraps a MuJoCoRobot: ``freeze()`` makes read_state return the last sample forever;
@@ -288,6 +351,110 @@ class FlakySensors:
 
     def write_targets(self, targets):
         self.robot.write_targets(targets)
+
+
+class Driver(FlakySensors):
+    """What a hardware driver adds to the sensors: ``damp()`` (counted), its own clock
+    (``clock``: the timestamp it stamps, default the simulator's; ``offset`` added to it), an
+    extra key that is not a number, and ``faults``: tick -> a function that breaks that tick
+    (raise in read_state or write_targets, or change the state)."""
+
+    def __init__(self, robot):
+        super().__init__(robot)
+        self.damped, self.clock, self.offset, self.faults, self.reads = 0, None, 0.0, {}, 0
+
+    def read_state(self):
+        self.reads += 1
+        state = {**super().read_state(), "gait": "trot"}
+        state["timestamp"] = (self.clock() if self.clock else state["timestamp"]) + self.offset
+        return self.faults.get(self.reads, lambda where, state: state)("read_state", state)
+
+    def write_targets(self, targets):
+        self.faults.get(self.reads, lambda where, state: state)("write_targets", None)
+        super().write_targets(targets)
+
+    def damp(self):
+        self.damped += 1
+
+
+@pytest.fixture
+def driver_loop(trained):
+    """A ControlLoop on a Driver over the MuJoCo robot; ``now`` and the driver's clock settable."""
+    from legion.sim2real.deploy import ControlLoop, PolicyRunner
+    from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
+
+    runner = PolicyRunner(trained["out"] / "policy.onnx")
+    robot = MuJoCoRobot(ROOT / "tasks" / "assets" / "quadruped.xml", runner.metadata)
+    driver = Driver(robot)
+    return ControlLoop(driver, runner, now=robot.time, realtime=False), driver
+
+
+def test_a_timestamp_ahead_of_the_loop_clock_or_from_another_clock_stops_naming_the_clock(driver_loop):
+    import time
+
+    loop, driver = driver_loop
+    driver.offset = 0.005  # within max_clock_skew_s (10 ms): two clocks a little apart
+    assert [loop.step() for _ in range(3)] == ["policy"] * 3 and driver.damped == 0
+
+    driver.offset = 5.0  # a state frozen 5 s ahead: once it ran the policy on every tick
+    assert [loop.step() for _ in range(20)] == ["stop"] * 20
+    assert loop.stopped.startswith("clock mismatch: the state's timestamp is 5.000 s ahead of the loop's clock "
+                                   "(tolerance 10 ms)")
+    assert "time.time()" in loop.stopped and driver.damped == 20
+
+    for stamp, now, message in ((time.time, time.monotonic, "clock mismatch: the state's timestamp is"),
+                                (time.monotonic, time.time, "ms old (limit 250 ms) (that old: does the driver stamp "
+                                                            "another clock than the loop's now()")):
+        loop.stopped, loop.now, driver.clock, driver.offset = None, now, stamp, 0.0
+        assert loop.step() == "stop" and message in loop.stopped
+
+
+FAULTS = ("read_state", "write_targets", "a malformed state", "no timestamp", "command")
+
+
+@pytest.mark.parametrize("entry, fault", [(entry, fault) for entry in ("step", "run") for fault in FAULTS
+                                          if (entry, fault) != ("step", "command")])  # run() calls the command
+def test_any_exception_ends_in_the_safe_stop_then_propagates_with_its_traceback(driver_loop, fault, entry):
+    loop, driver = driver_loop
+    error = OSError("CAN bus timeout")
+
+    def fail(where, state):
+        if where == fault:
+            raise error
+        if fault == "a malformed state" and state is not None:
+            return {**state, "joint_pos": state["joint_pos"][:11]}  # a driver that lost a joint
+        if fault == "no timestamp" and state is not None:
+            return {k: v for k, v in state.items() if k != "timestamp"}
+        return state
+
+    def command(k):
+        if k == 3 and fault == "command":
+            raise error
+        return np.array([0.5, 0.0, 0.0])
+
+    driver.faults[4] = fail
+    with pytest.raises(Exception) as raised:
+        if entry == "run":
+            loop.run(10, command)
+        else:
+            for k in range(10):
+                loop.step(command(k))
+    assert driver.damped == 1 and loop.stats.modes == {"policy": 3, "hold": 0, "stop": int(fault != "command")}
+    expected = {"read_state": ("OSError in read_state: CAN bus timeout", ["read_state", "fail"]),
+                "write_targets": ("OSError in write_targets: CAN bus timeout", ["write_targets", "fail"]),
+                "a malformed state": ("StateError in the policy: robot state 'joint_pos' has shape (11,) and dtype "
+                                      "float32; the policy expects shape (12,)",
+                                      ["act", "observation", "check_state", "_refuse_field"]),
+                "no timestamp": ("StateError in read_state: robot state lacks 'timestamp': the watchdog needs when "
+                                 "the sensors were sampled [s]", ["sensor_age"]),
+                "command": ("OSError in the command function: CAN bus timeout", ["run", "command"])}
+    reason, origin = expected[fault]
+    assert loop.stopped.startswith(reason)
+    frames = [frame.name for frame in raised.traceback]  # the original traceback, down to where it was raised
+    assert frames[-len(origin):] == origin, frames
+    if isinstance(raised.value, OSError):
+        assert raised.value is error
+    assert loop.step() == "stop" and driver.damped == 2  # latched
 
 
 @pytest.fixture
@@ -335,22 +502,13 @@ def test_nan_guard_stops_and_damps(mujoco_loop):
 
 
 def test_nan_policy_output_stops(trained, tmp_path):
-    import copy
-
     from legion.sim2real.deploy import ControlLoop, PolicyRunner
     from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
-    from legion.sim2real.export import to_onnx
 
-    actor = copy.deepcopy(trained["runner"].ppo.get_policy())
-    with torch.no_grad():
-        actor.mlp[-1].bias[3] = float("nan")
-    meta = json.loads((trained["out"] / "policy.json").read_text())
-    meta.pop("files"), meta.pop("verification")
-    onnx.save(to_onnx(actor, meta), tmp_path / "policy.onnx")  # unverified, on purpose
-    runner = PolicyRunner(tmp_path / "policy.onnx")
+    runner = PolicyRunner(nan_output_policy(trained, tmp_path))
     robot = MuJoCoRobot(ROOT / "tasks" / "assets" / "quadruped.xml", runner.metadata)
     loop = ControlLoop(robot, runner, now=robot.time, realtime=False)
-    assert loop.step() == "stop" and loop.stopped == "non-finite policy output"
+    assert loop.step() == "stop" and loop.stopped.startswith("non-finite policy output (NaN or Inf)")
     assert np.all(np.isfinite(robot.data.ctrl))
 
 

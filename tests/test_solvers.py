@@ -18,6 +18,7 @@ def test_xpbd_and_mujoco_agree_on_a_falling_pole():
         for _ in range(25):  # 0.5 s
             sim.step()
         angles[solver] = sim.robot.joint_pos[:, 1].clone()
+        assert sim.solver_limits.tolist() == [0, 0, 0, 0]  # XPBD counts none; MuJoCo met no limit here
     # A pole tipped 0.05 rad falls the way it leans (inverted pendulum: ~0.05 cosh(3.8 t)), the
     # two worlds mirror each other, and both solvers agree.
     xpbd, mujoco = angles["xpbd"], angles["mujoco"]

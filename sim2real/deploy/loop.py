@@ -5,25 +5,40 @@ clamp the targets, write them. Imports numpy only.
 
 Safety, in the order it is applied:
 
+- Clock: a state ``timestamp`` more than ``max_clock_skew_s`` AHEAD of the loop's clock
+  (``now``), or not a finite number, -> the loop STOPS: the driver stamps another clock than
+  the loop reads (e.g. ``time.time()`` against ``time.monotonic()``), and the watchdog below
+  cannot work. A missing or non-numeric ``timestamp`` raises (see "Errors").
 - Watchdog: sensor data older than ``stale_after_s`` -> the loop HOLDS the last targets it
   wrote (the policy does not run on stale data); older than ``damp_after_s`` -> it STOPS.
-- NaN guard: a non-finite value in the state or in the policy's output -> it STOPS.
+- NaN guard: a non-finite value in the state the policy reads, or in the policy's output
+  (:class:`~legion.sim2real.deploy.policy.NonFiniteError`) -> it STOPS.
 - STOP is latched (restart the loop to leave it): every later tick calls ``robot.damp()`` if
   the robot has one (e.g. kp = 0, kd > 0 on hardware), else writes the last finite measured
   joint positions as targets, so the PD servos only resist motion.
+- Errors: any exception in ``read_state``, the policy (a malformed state:
+  :class:`~legion.sim2real.deploy.policy.StateError`), ``write_targets``, ``damp`` or the
+  command function stops the loop the same way at once (``stopped`` names the exception and
+  where it came from), then propagates unchanged, traceback included, out of :meth:`step`
+  and :meth:`run`. Ctrl-C stops the loop and :meth:`run` returns.
 - Clamps on every target written: inside the joint limits (minus ``limit_margin``), and at
   most ``max_target_rate * dt`` away from the previous target.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
+from legion.sim2real.deploy.policy import NonFiniteError, StateError
+
 POLICY, HOLD, STOP = "policy", "hold", "stop"
+# A stale-data stop this old or older is far more likely two clocks than a sensor that froze.
+CLOCK_MISMATCH_HINT_S = 10.0
 
 
 @runtime_checkable
@@ -47,6 +62,7 @@ class SafetyConfig:
     damp_after_s: float = 0.25  # sensor age [s] beyond which the loop stops and damps
     max_target_rate: float = 20.0  # [rad/s] largest change of any joint target
     limit_margin: float = 0.0  # [rad] kept inside the joint limits
+    max_clock_skew_s: float = 0.01  # [s] how far a state timestamp may lie ahead of the loop's clock
 
 
 @dataclass
@@ -80,11 +96,12 @@ class ControlLoop:
         now: the clock of the state timestamps [s]; ``time.monotonic`` for hardware, the
             simulator's time for a simulated robot.
         realtime: sleep to hold the period (hardware); ``False`` runs as fast as the robot steps.
+        logger: gets every tick (e.g. a :class:`~legion.sim2real.deploy.log.TrajectoryLog`).
     """
 
     def __init__(self, robot: RobotInterface, runner, safety: SafetyConfig | None = None,
-                 now: Callable[[], float] = time.monotonic, realtime: bool = True):
-        self.robot, self.runner, self.now, self.realtime = robot, runner, now, realtime
+                 now: Callable[[], float] = time.monotonic, realtime: bool = True, logger=None):
+        self.robot, self.runner, self.now, self.realtime, self.logger = robot, runner, now, realtime, logger
         self.safety = safety or SafetyConfig()
         self.dt = runner.control_dt
         limits = np.asarray(runner.metadata["joint_limits"], np.float32)
@@ -119,44 +136,93 @@ class ControlLoop:
         elif self.last_targets is not None:
             self.robot.write_targets(self.last_targets)
 
-    def step(self, command=None) -> str:
-        """One tick: returns the mode it ran in (``"policy"``, ``"hold"`` or ``"stop"``)."""
-        start = time.perf_counter()
-        mode = STOP
-        if self.stopped is None:
-            state = self.robot.read_state()
-            age = self.now() - float(state["timestamp"])
-            bad = [k for k, v in state.items() if not np.all(np.isfinite(v))]
-            if bad:
-                self.stop(f"non-finite robot state {bad}")
-            elif age > self.safety.damp_after_s:
-                self.stop(f"sensor data {age * 1e3:.0f} ms old (limit {self.safety.damp_after_s * 1e3:.0f} ms)")
-            elif age > self.safety.stale_after_s:
-                mode = HOLD
-                if self.last_targets is not None:
-                    self.robot.write_targets(self.last_targets)
-            else:
-                self.last_joint_pos = np.asarray(state["joint_pos"], np.float32).copy()
-                targets = self.runner.act(state, command)
-                if not np.all(np.isfinite(targets)):
-                    self.stop("non-finite policy output")
-                else:
-                    mode = POLICY
-                    self.last_targets = self.clamp(targets)
-                    self.robot.write_targets(self.last_targets)
-        if mode == STOP:
+    def _stop_on_error(self, reason: str) -> None:
+        """The safe stop while an exception propagates: latch and damp. A failing damp is added to
+        ``stopped``, never raised in place of the original error."""
+        self.stop(reason)
+        try:
             self._damp()
-        elapsed = time.perf_counter() - start
-        self.stats.latency.append(elapsed)
-        self.stats.modes[mode] += 1
-        if elapsed > self.dt:
-            self.stats.misses += 1
+        except Exception as e:
+            self.stopped += f"; damping failed too ({e.__class__.__name__}: {e})"
+
+    def sensor_age(self, state: dict) -> float:
+        """Age [s] of a state by its ``timestamp`` on the loop's clock: negative if it lies in the
+        future, not finite if the timestamp is not. Raises StateError without a numeric timestamp."""
+        if "timestamp" not in state:
+            raise StateError("robot state lacks 'timestamp': the watchdog needs when the sensors were sampled [s], "
+                             "on the loop's clock (ControlLoop(now=...), time.monotonic by default)")
+        try:
+            return self.now() - float(state["timestamp"])
+        except (TypeError, ValueError):
+            raise StateError(f"robot state 'timestamp' = {state['timestamp']!r} is not a number; it must be when the "
+                             "sensors were sampled [s], on the loop's clock (ControlLoop(now=...))") from None
+
+    def step(self, command=None) -> str:
+        """One tick: returns the mode it ran in (``"policy"``, ``"hold"`` or ``"stop"``).
+
+        Any exception stops the loop safely, then propagates (see the module docstring)."""
+        start = time.perf_counter()
+        mode, where, state = STOP, "damp", None
+        try:
+            if self.stopped is None:
+                where = "read_state"
+                state = self.robot.read_state()
+                age, safety = self.sensor_age(state), self.safety
+                if not math.isfinite(age):
+                    self.stop("non-finite robot state ['timestamp']")
+                elif age < -safety.max_clock_skew_s:
+                    self.stop(f"clock mismatch: the state's timestamp is {-age:.3f} s ahead of the loop's clock "
+                              f"(tolerance {safety.max_clock_skew_s * 1e3:.0f} ms). The robot driver must stamp "
+                              "states with the clock the loop reads (ControlLoop(now=...), time.monotonic by "
+                              "default; not time.time() in one and time.monotonic() in the other).")
+                elif age > safety.damp_after_s:
+                    hint = (" (that old: does the driver stamp another clock than the loop's now(), e.g. time.time() "
+                            "against time.monotonic()?)" if age >= CLOCK_MISMATCH_HINT_S else "")
+                    self.stop(f"sensor data {age * 1e3:.0f} ms old (limit {safety.damp_after_s * 1e3:.0f} ms){hint}")
+                elif age > safety.stale_after_s:
+                    mode = HOLD
+                    if self.last_targets is not None:
+                        where = "write_targets"
+                        self.robot.write_targets(self.last_targets)
+                else:
+                    where = "the policy"
+                    try:
+                        targets = self.runner.act(state, command)
+                    except NonFiniteError as e:  # the NaN guard: a designed stop, not an error
+                        self.stop(str(e))
+                    else:
+                        self.last_joint_pos = np.array(state["joint_pos"], np.float32)
+                        mode, where = POLICY, "write_targets"
+                        self.last_targets = self.clamp(targets)
+                        self.robot.write_targets(self.last_targets)
+            if mode == STOP:
+                where = "damp"
+                self._damp()
+        except BaseException as e:
+            mode = STOP
+            if isinstance(e, KeyboardInterrupt):
+                self._stop_on_error("interrupted")
+            elif where == "damp":  # the safe stop itself failed: nothing safer to fall back to
+                self.stop(f"{e.__class__.__name__} in damp: {e}")
+            else:
+                self._stop_on_error(f"{e.__class__.__name__} in {where}: {e}")
+            raise
+        finally:
+            elapsed = time.perf_counter() - start
+            self.stats.latency.append(elapsed)
+            self.stats.modes[mode] += 1
+            if elapsed > self.dt:
+                self.stats.misses += 1
+            if self.logger is not None:
+                self.logger.tick(state, None if mode == STOP else self.last_targets, mode, elapsed, command,
+                                 self.stopped)
         return mode
 
     def run(self, steps: int, command: Callable[[int], np.ndarray] | np.ndarray | None = None) -> dict:
         """``steps`` ticks at the control rate; ``command`` is fixed or a function of the tick.
 
-        Returns :meth:`LoopStats.summary`. Ctrl-C stops the loop (damping) and returns too.
+        Returns :meth:`LoopStats.summary`. Ctrl-C stops the loop (damping) and returns too; any
+        other exception stops it safely and propagates with its traceback.
         """
         next_tick = time.perf_counter()
         try:
@@ -171,6 +237,9 @@ class ControlLoop:
                         self.stats.misses += int(self.stats.latency[-1] <= self.dt)
                         next_tick = time.perf_counter()
         except KeyboardInterrupt:
-            self.stop("interrupted")
-            self._damp()
+            self._stop_on_error("interrupted")
+        except BaseException as e:
+            if self.stopped is None:  # not from step(), which stops safely itself: the command function
+                self._stop_on_error(f"{e.__class__.__name__} in the command function: {e}")
+            raise
         return self.stats.summary()

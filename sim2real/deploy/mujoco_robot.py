@@ -98,12 +98,14 @@ class MuJoCoRobot:
         mujoco.mj_forward(self.model, d)
 
     def read_state(self) -> dict:
+        """The robot state the edge runtime reads; a policy that scans the terrain gets the flat
+        floor's heights (``height_scan``: -base height at every point)."""
         d = self.data
         quat_wxyz = d.qpos[3:7]
         base_quat = np.array([quat_wxyz[1], quat_wxyz[2], quat_wxyz[3], quat_wxyz[0]], np.float32)
         rot = np.empty(9)
         mujoco.mju_quat2Mat(rot, quat_wxyz)
-        return {
+        state = {
             "joint_pos": d.qpos[self.qpos_ids].astype(np.float32),
             "joint_vel": d.qvel[self.qvel_ids].astype(np.float32),
             "base_pos": d.qpos[0:3].astype(np.float32),
@@ -114,6 +116,9 @@ class MuJoCoRobot:
             "base_ang_vel": d.qvel[3:6].astype(np.float32),
             "timestamp": float(d.time),
         }
+        if self.metadata.get("height_scan"):
+            state["height_scan"] = np.full(len(self.metadata["height_scan"]["points"]), -d.qpos[2], np.float32)
+        return state
 
     def write_targets(self, joint_pos_targets: np.ndarray) -> None:
         """Sets the position targets and advances one control step (``decimation`` physics steps)."""

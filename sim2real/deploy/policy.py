@@ -13,19 +13,28 @@ A robot state is a dict of numpy arrays, in SI units and the joint order of
 ``metadata["joint_names"]``:
 
 - ``joint_pos`` (J,) [rad], ``joint_vel`` (J,) [rad/s]
-- ``base_quat`` (4,) base orientation in the world frame, (x, y, z, w)
+- ``base_quat`` (4,) base orientation in the world frame, (x, y, z, w), a unit quaternion
 - ``base_lin_vel`` (3,) [m/s] and ``base_ang_vel`` (3,) [rad/s], in the BASE frame (what an
   IMU and a state estimator report)
 - ``base_pos`` (3,) [m], world frame (only if a policy term needs the base height)
 - ``object_pos`` (3,) [m]: a manipulated object's position in the robot's BASE frame (what a
   camera calibrated to the robot reports); only if a policy term needs it (``object_position``)
+- ``height_scan`` (P,) [m] (only if the policy scans the terrain): the terrain's height minus the
+  base's height (negative below the base), at the P points ``metadata["height_scan"]["points"]``
+  [m], given in the base's heading frame (x forward, y left; turning with the base's yaw only),
+  in that order: what an elevation map around the robot reports
 - ``timestamp`` [s]: when the sensors were sampled (used by the control loop's watchdog)
+
+:meth:`PolicyRunner.act` checks every field the policy reads (present, numeric, of the shape
+above, a unit quaternion) and raises :class:`StateError` naming the field otherwise; it raises
+:class:`NonFiniteError` instead of returning a non-finite target. Other keys are ignored.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +49,16 @@ REQUIRED_KEYS = (
 
 class PolicyLoadError(RuntimeError):
     """The exported policy cannot be used as it is; the message says why and what to do."""
+
+
+class StateError(ValueError):
+    """A robot state the policy cannot read: a field is missing, not numeric or of the wrong
+    shape, or the quaternion is not a unit one. The message names the field and what it must be."""
+
+
+class NonFiniteError(FloatingPointError):
+    """NaN or Inf in the robot state the policy reads, or in the policy's output; the message
+    names which. :class:`~legion.sim2real.deploy.ControlLoop` stops (and damps) on it."""
 
 
 def quat_rotate_inverse(q: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -60,6 +79,9 @@ def quat_rotate_inverse(q: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 GRAVITY_DIR = np.array([0.0, 0.0, -1.0], np.float32)
+# |norm - 1| of base_quat beyond which it is refused: a float32 unit quaternion is within ~1e-7;
+# a zeroed or garbled driver message is far off (and would tilt projected gravity unnoticed).
+QUAT_NORM_TOLERANCE = 0.01
 
 
 # Observation terms of tasks/mdp/observations.py, on one robot's state. Each takes
@@ -69,10 +91,19 @@ def _base_height(state, command, runner):
     return np.asarray(state["base_pos"], np.float32)[2:3]
 
 
+def _projected_gravity(state, command, runner):
+    quat = np.asarray(state["base_quat"], np.float32)
+    norm = math.hypot(*quat.tolist())
+    if abs(norm - 1.0) > QUAT_NORM_TOLERANCE:  # (NaN passes here: it is reported as non-finite)
+        raise StateError(f"robot state 'base_quat' = {quat.tolist()} has norm {norm:.3g}: expected a unit quaternion "
+                         "(x, y, z, w), the base orientation in the world frame")
+    return quat_rotate_inverse(quat, GRAVITY_DIR)
+
+
 OBSERVATION_TERMS = {
     "base_lin_vel": lambda state, command, runner: state["base_lin_vel"],
     "base_ang_vel": lambda state, command, runner: state["base_ang_vel"],
-    "projected_gravity": lambda state, command, runner: quat_rotate_inverse(state["base_quat"], GRAVITY_DIR),
+    "projected_gravity": _projected_gravity,
     "velocity_commands": lambda state, command, runner: command,
     "joint_pos_rel": lambda state, command, runner: (np.asarray(state["joint_pos"], np.float32)
                                                      - runner.default_joint_pos),
@@ -85,13 +116,23 @@ OBSERVATION_TERMS = {
     "position_command": lambda state, command, runner: command,
     "object_position": lambda state, command, runner: state["object_pos"],
 }
+# Terms whose edge version depends on the term's exported params: func name -> params -> term.
+PARAMETRIC_TERMS = {
+    # Training: base height above the terrain at each point - offset.
+    "height_scan": lambda params: (lambda state, command, runner, offset=float(params["offset"]):
+                                   -np.asarray(state["height_scan"], np.float32) - offset),
+}
 # The robot-state keys each term reads (for clear errors at load time and at every step).
 TERM_STATE_KEYS = {
+    "height_scan": ("height_scan",),
     "base_lin_vel": ("base_lin_vel",), "base_ang_vel": ("base_ang_vel",), "projected_gravity": ("base_quat",),
     "joint_pos_rel": ("joint_pos",), "joint_vel": ("joint_vel",), "base_height": ("base_pos",),
     "velocity_commands": (), "last_action": (), "pose_command": (), "position_command": (),
     "object_position": ("object_pos",),
 }
+# The length of each robot-state field the terms read ("J": one value per joint).
+STATE_LENGTHS = {"joint_pos": "J", "joint_vel": "J", "base_quat": 4, "base_lin_vel": 3, "base_ang_vel": 3,
+                 "base_pos": 3, "object_pos": 3, "height_scan": "P"}  # J: one per joint, P: one per height-scan point
 
 
 def sha256_file(path: str | Path) -> str:
@@ -134,15 +175,16 @@ class OnnxPolicy:
         hint = "Re-export it on the training machine (legion export run=<run folder>) and copy the whole folder."
         if not path.is_file():
             raise PolicyLoadError(f"{path} does not exist. {hint}")
-        sidecar = path.parent / "policy.json"
-        if check_hash and sidecar.is_file():
+        sidecar_path, sidecar = path.parent / "policy.json", None
+        if check_hash and sidecar_path.is_file():
             try:
-                files = json.loads(sidecar.read_text())["files"]
-            except (ValueError, KeyError) as e:
-                raise PolicyLoadError(f"{sidecar} is not a legion policy.json ({e}). {hint}") from e
+                sidecar = json.loads(sidecar_path.read_text())
+                files = sidecar["files"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise PolicyLoadError(f"{sidecar_path} is not a legion policy.json ({e}). {hint}") from e
             expected, actual = files.get(path.name, {}).get("sha256"), sha256_file(path)
             if expected is None:
-                raise PolicyLoadError(f"{sidecar} lists no sha256 for {path.name}. {hint}")
+                raise PolicyLoadError(f"{sidecar_path} lists no sha256 for {path.name}. {hint}")
             if actual != expected:
                 raise PolicyLoadError(
                     f"{path} was modified or truncated after export: its sha256 is {actual[:12]}..., "
@@ -176,6 +218,23 @@ class OnnxPolicy:
         self.num_actions = self.session.get_outputs()[0].shape[-1]
         self.recurrent = self.metadata["onnx"].get("recurrent")
         self._check_consistency()
+        if sidecar is not None:
+            self._check_agrees_with(sidecar, sidecar_path)
+
+    def _check_agrees_with(self, sidecar: dict, sidecar_path: Path) -> None:
+        """policy.json repeats the embedded metadata for the robot's own tools (servo gains, joint
+        order): both must say the same, or the driver and this runtime would act on different values."""
+        written = {k: v for k, v in sidecar.items() if k not in ("files", "verification")}
+        differ = sorted(k for k in written.keys() | self.metadata.keys() if written.get(k) != self.metadata.get(k))
+        if differ:
+            key = differ[0]
+            json_value, onnx_value = (json.dumps(m.get(key))[:200] for m in (written, self.metadata))
+            raise PolicyLoadError(
+                f"{sidecar_path} and the metadata embedded in {self.path.name} disagree on {differ} (e.g. '{key}': "
+                f"policy.json says {json_value}, the ONNX file {onnx_value}). This runtime would use the embedded "
+                "metadata (the sha256 in policy.json covers it), while tools reading policy.json would see other "
+                "values, so the policy is refused. Re-export (legion export run=<run folder>) and copy the whole "
+                "folder, or restore policy.json; check_hash=False ignores policy.json altogether.")
 
     def _check_consistency(self) -> None:
         meta, where = self.metadata, self.path
@@ -243,20 +302,32 @@ class PolicyRunner:
         self.action_scale = np.asarray(action["scale"], np.float32)
         self.action_offset = np.asarray(action["offset"], np.float32)
         self.action_clip = action.get("clip")
-        self.terms = []
+        self.terms = []  # (name, function, size)
+        low, high, scale = [], [], []  # per observation element: the clip range and the scale
         for term in meta["observation"]["terms"]:
             func = OBSERVATION_TERMS.get(term["func"])
+            if term["func"] in PARAMETRIC_TERMS:
+                func = PARAMETRIC_TERMS[term["func"]](term.get("params") or {})
             if func is None:
                 raise PolicyLoadError(f"{path}: observation term '{term['name']}' (function {term['func']}) has no "
-                                      f"edge-runtime version; known: {sorted(OBSERVATION_TERMS)}. "
+                                      f"edge-runtime version; known: {sorted({*OBSERVATION_TERMS, *PARAMETRIC_TERMS})}. "
                                       "Add it to sim2real/deploy/policy.py OBSERVATION_TERMS.")
             joints = (term.get("params") or {}).get("joints")  # a subset of the joints (metadata version 2)
             if joints is not None and list(joints) != list(range(len(meta["joint_names"]))):
                 func = (lambda state, command, runner, whole=func, ids=np.asarray(joints):
                         np.asarray(whole(state, command, runner), np.float32)[ids])
-            clip = term.get("clip")
-            self.terms.append((term["name"], func, term["size"], np.asarray(term["scale"], np.float32), clip))
+            clip = np.inf if term.get("clip") is None else term["clip"]
+            size = term["size"]
+            self.terms.append((term["name"], func, size))
+            low.append(np.full(size, -clip, np.float32))
+            high.append(np.full(size, clip, np.float32))
+            scale.append(np.broadcast_to(np.asarray(term["scale"], np.float32), (size,)))
+        self.obs_low, self.obs_high, self.obs_scale = (np.concatenate(v) for v in (low, high, scale))
+        self.obs_clipped = bool(np.isfinite(self.obs_high).any())
         self.state_keys = sorted({k for t in meta["observation"]["terms"] for k in TERM_STATE_KEYS[t["func"]]})
+        lengths = {"J": len(self.joint_names),
+                   "P": next((t["size"] for t in meta["observation"]["terms"] if t["func"] == "height_scan"), 0)}
+        self.state_shapes = [(k, (lengths.get(STATE_LENGTHS[k], STATE_LENGTHS[k]),)) for k in self.state_keys]
         self.reset()
 
     def reset(self) -> None:
@@ -266,24 +337,59 @@ class PolicyRunner:
         self.last_action = np.zeros(self.policy.num_actions, np.float32)
         self.hidden = self.policy.initial_state(1)
 
-    def observation(self, state: dict, command=None) -> np.ndarray:
-        """(obs_dim,) float32 policy input for a robot state and the task's command: velocity (v_x, v_y,
-        yaw rate) [m/s, m/s, rad/s], or a pose (7,) / position (3,) target in the base frame [m]."""
+    def check_state(self, state: dict) -> None:
+        """Raises :class:`StateError` unless every field the policy reads is in ``state``, numeric
+        and of its shape (see the module docstring); other keys are not looked at."""
+        for key, shape in self.state_shapes:
+            value = state.get(key)
+            # The common case, numeric arrays of the right shape, costs one comparison per field.
+            if getattr(value, "shape", None) != shape or value.dtype.kind not in "iuf":
+                self._refuse_field(state, key, shape)
+
+    def _refuse_field(self, state: dict, key: str, shape: tuple) -> None:
+        """Raises StateError naming what is wrong with ``state[key]`` (a list of the right length passes)."""
         missing = [k for k in self.state_keys if k not in state]
         if missing:
-            raise KeyError(f"robot state lacks {missing} (the policy's observation needs {self.state_keys}); "
-                           "see sim2real/deploy/policy.py for the keys, units and frames")
+            raise StateError(f"robot state lacks {missing} (the policy's observation needs {self.state_keys}); "
+                             "see sim2real/deploy/policy.py for the keys, units and frames")
+        try:
+            value = np.asarray(state[key])
+        except (TypeError, ValueError) as e:  # e.g. a ragged list
+            raise StateError(f"robot state '{key}' is not an array of numbers ({e}); the policy expects shape "
+                             f"{shape}") from None
+        if value.shape != shape or value.dtype.kind not in "iuf":
+            order = {"J": ", one per joint in metadata['joint_names'] order",
+                     "P": ", one per point in metadata['height_scan']['points'] order"}.get(STATE_LENGTHS[key], "")
+            raise StateError(f"robot state '{key}' has shape {value.shape} and dtype {value.dtype}; the policy "
+                             f"expects shape {shape} numbers{order} (see sim2real/deploy/policy.py for units "
+                             "and frames)")
+
+    def observation(self, state: dict, command=None) -> np.ndarray:
+        """(obs_dim,) float32 policy input for a robot state and the task's command: velocity (v_x, v_y,
+        yaw rate) [m/s, m/s, rad/s], or a pose (7,) / position (3,) target in the base frame [m].
+
+        Raises :class:`StateError` for a state it cannot read and :class:`NonFiniteError` for NaN or
+        Inf in the fields it reads or in the command (checked before the clip, which would hide an Inf).
+        """
+        self.check_state(state)
         command = np.zeros(3, np.float32) if command is None else np.asarray(command, np.float32)
         obs = np.empty(self.policy.obs_dim, np.float32)
         start = 0
-        for name, func, size, scale, clip in self.terms:
+        for name, func, size in self.terms:
             value = np.asarray(func(state, command, self), np.float32).reshape(-1)
             if value.shape[0] != size:
                 raise ValueError(f"observation term '{name}' has {value.shape[0]} values, the policy expects {size}")
-            if clip is not None:
-                value = np.clip(value, -clip, clip)
-            np.multiply(value, scale, out=obs[start:start + size])
+            obs[start:start + size] = value
             start += size
+        # A NaN or Inf makes the sum non-finite; a Python (float64) sum of float32 values cannot overflow.
+        # (Measured: a numpy reduction here costs ~8 us right after onnxruntime, this ~1 us.)
+        if not math.isfinite(sum(obs.tolist())):
+            bad = [k for k in self.state_keys if not np.isfinite(np.asarray(state[k], np.float32)).all()]
+            raise NonFiniteError(f"non-finite robot state {bad + ['command'] * (not np.isfinite(command).all())}")
+        if self.obs_clipped:
+            np.minimum(obs, self.obs_high, out=obs)
+            np.maximum(obs, self.obs_low, out=obs)
+        obs *= self.obs_scale
         return obs
 
     def act(self, state: dict, command=None) -> np.ndarray:
@@ -291,17 +397,24 @@ class PolicyRunner:
         default + scale * action, or (``joint_position_delta``) the previous targets + scale *
         action within the joint limits.
 
-        Also keeps the observation (``last_obs``) and action (``last_action``) it used.
+        Also keeps the observation (``last_obs``) and action (``last_action``) it used. Never
+        returns a non-finite target: raises :class:`NonFiniteError` instead (and then keeps the
+        previous action and recurrent state), :class:`StateError` for a state it cannot read.
         """
-        self.last_obs = self.observation(state, command)
-        actions, self.hidden = self.policy(self.last_obs[None], self.hidden)
+        obs = self.observation(state, command)
+        actions, hidden = self.policy(obs[None], self.hidden)
         action = actions[0]
         if self.action_clip:
             action = np.clip(action, -self.action_clip, self.action_clip)
-        self.last_action = action.astype(np.float32)
-        if not self.action_delta:
-            return self.action_offset + self.action_scale * self.last_action
-        if self.targets is None:
-            self.targets = np.asarray(state["joint_pos"], np.float32)[self.action_joint_ids]
-        self.targets = np.clip(self.targets + self.action_scale * self.last_action, *self.action_limits.T)
-        return self.targets.copy()
+        targets = self.action_offset + self.action_scale * action
+        if self.action_delta:
+            if self.targets is None:
+                self.targets = np.asarray(state["joint_pos"], np.float32)[self.action_joint_ids]
+            targets = np.clip(self.targets + self.action_scale * action, *self.action_limits.T)
+        if not math.isfinite(sum(targets.tolist())):
+            raise NonFiniteError("non-finite policy output (NaN or Inf) for a finite observation: the ONNX model "
+                                 "is broken. Re-export it (legion export verifies the file before writing it).")
+        self.last_obs, self.last_action, self.hidden = obs, action.astype(np.float32), hidden
+        if self.action_delta:
+            self.targets = targets
+        return targets.copy()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from legion.tasks.mdp import events, observations, rewards, terminations
+from legion.tasks.mdp import curriculum, events, observations, rewards, terminations
 from legion.tasks.mdp.actions import ACTIONS
 from legion.tasks.mdp.commands import COMMANDS
 from legion.tasks.mdp.terms import Term, bind_params, find_function
@@ -63,4 +63,4 @@ def resolve(env, kind: str, name: str, cfg, where: str | None = None) -> Term:
     return term
 
 
-__all__ = ["ACTIONS", "COMMANDS", "Term", "check", "events", "observations", "resolve", "rewards", "terminations"]
+__all__ = ["ACTIONS", "COMMANDS", "Term", "check", "curriculum", "events", "observations", "resolve", "rewards", "terminations"]

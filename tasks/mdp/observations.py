@@ -5,6 +5,8 @@
 these function names: a term added here that a policy on a robot needs is added there too.
 """
 
+import functools
+
 import torch
 
 
@@ -36,8 +38,36 @@ def projected_gravity(env) -> torch.Tensor:
 
 
 def base_height(env) -> torch.Tensor:
-    """Base height above the ground [m] (a privileged, critic-only term on rough terrain)."""
-    return env.robot.root_pos_w[:, 2:3]
+    """Base height above the ground under it [m] (a privileged, critic-only term on rough terrain)."""
+    root = env.robot.root_pos_w
+    return root[:, 2:3] - env.sim.ground_height(root[:, :2])[:, None]
+
+
+@functools.lru_cache(maxsize=16)
+def scan_points(size: tuple = (1.6, 1.0), resolution: float = 0.1, device: str = "cpu") -> torch.Tensor:
+    """(P, 2) [m] the points of a height scan in the base's heading frame (x forward, y left):
+    a grid over ``size`` (length along x, width along y) centred on the base, every
+    ``resolution``; x varies fastest (point k = iy * nx + ix). Cached: do not modify the result."""
+    nx, ny = (int(round(s / resolution)) + 1 for s in size)
+    x = torch.linspace(-size[0] / 2, size[0] / 2, nx, device=device)
+    y = torch.linspace(-size[1] / 2, size[1] / 2, ny, device=device)
+    gy, gx = torch.meshgrid(y, x, indexing="ij")
+    return torch.stack([gx.reshape(-1), gy.reshape(-1)], dim=-1)
+
+
+def height_scan(env, size=(1.6, 1.0), resolution: float = 0.1, offset: float = 0.5) -> torch.Tensor:
+    """(num_envs, P) [m]: at each point of :func:`scan_points`, turned with the base's heading (yaw
+    only: the scan stays level when the base rolls or pitches), the base's height above the ground
+    there, minus ``offset`` (about 0 for a standing robot; Isaac Lab's convention). On a plane it
+    reads base height - offset everywhere."""
+    robot = env.robot
+    points = scan_points(tuple(size), float(resolution), str(env.device))  # (P, 2), heading frame
+    q = robot.root_quat_w
+    yaw = torch.atan2(2 * (q[:, 3] * q[:, 2] + q[:, 0] * q[:, 1]), 1 - 2 * (q[:, 1] ** 2 + q[:, 2] ** 2))
+    c, s = torch.cos(yaw)[:, None], torch.sin(yaw)[:, None]
+    x, y = points[:, 0], points[:, 1]
+    world = torch.stack([robot.root_pos_w[:, 0:1] + c * x - s * y, robot.root_pos_w[:, 1:2] + s * x + c * y], dim=-1)
+    return robot.root_pos_w[:, 2:3] - env.sim.ground_height(world) - offset
 
 
 def velocity_commands(env) -> torch.Tensor:

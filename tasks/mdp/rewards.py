@@ -95,6 +95,34 @@ def feet_air_time(env, bodies, threshold: float = 0.5, min_command: float = 0.1)
     return reward * (torch.norm(env.command.value[:, :2], dim=1) > min_command)
 
 
+def feet_air_time_positive_biped(env, bodies, threshold: float = 0.4, min_command: float = 0.1) -> torch.Tensor:
+    """Isaac Lab's biped gait reward: in single stance (exactly one selected foot on the ground),
+    the shorter of the two feet's current phase durations (the stance foot's contact time, the
+    swing foot's air time), capped at ``threshold`` [s]; zero in double stance or flight, and while
+    the command is (nearly) stand still. Pays for alternating steps of up to ``threshold``."""
+    contacts = env.contacts
+    in_contact = contacts.contact_time[:, bodies] > 0.0
+    phase = torch.where(in_contact, contacts.contact_time[:, bodies], contacts.air_time[:, bodies])
+    single_stance = in_contact.sum(dim=1) == 1
+    reward = torch.where(single_stance[:, None], phase, 0.0).min(dim=1).values.clamp(max=threshold)
+    return reward * (torch.norm(env.command.value[:, :2], dim=1) > min_command)
+
+
+def feet_slide(env, bodies, threshold: float = 1.0) -> torch.Tensor:
+    """Foot slip: sum over the selected bodies touching the ground (> ``threshold`` N) of their
+    horizontal speed [m/s]."""
+    robot = env.robot
+    touching = torch.norm(robot.contact_forces_w[:, bodies], dim=-1) > threshold
+    return torch.sum(torch.norm(robot.body_lin_vel_w[:, bodies, :2], dim=-1) * touching, dim=1)
+
+
+def joint_deviation_l1(env, joints) -> torch.Tensor:
+    """Sum of |joint position - default| over the selected joints [rad] (e.g. hip yaw and roll,
+    which a biped should hold near their default)."""
+    robot = env.robot
+    return torch.sum(torch.abs(robot.joint_pos[:, joints] - robot.default_joint_pos[:, joints]), dim=1)
+
+
 def undesired_contacts(env, bodies, threshold: float = 1.0) -> torch.Tensor:
     """Number of the selected bodies touching something with more than ``threshold`` newtons."""
     return torch.sum(torch.norm(env.robot.contact_forces_w[:, bodies], dim=-1) > threshold, dim=1).float()

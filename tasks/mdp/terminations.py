@@ -14,8 +14,9 @@ def joint_pos_out_of_bounds(env, joints, limit: float) -> torch.Tensor:
 
 
 def base_height_below(env, height: float) -> torch.Tensor:
-    """The base is lower than ``height`` [m] above the ground."""
-    return env.robot.root_pos_w[:, 2] < height
+    """The base is lower than ``height`` [m] above the ground under it."""
+    root = env.robot.root_pos_w
+    return root[:, 2] - env.sim.ground_height(root[:, :2]) < height
 
 
 def command_reached(env, position_threshold: float, orientation_threshold: float | None = None) -> torch.Tensor:

@@ -7,8 +7,9 @@ only through the torch views of its entities (``sim.scene[name]``, ``sim.robot``
 touch a Newton object, so a second backend can serve the same tasks by providing the same views.
 
 Modules: :mod:`.scene` (building one world, the entity views), :mod:`.simulation` (the replicated
-worlds, the captured step, resets, parameter publishing), :mod:`.solver` (what differs between
-SolverMuJoCo and XPBD; the one user of Newton's and MuJoCo Warp's private names).
+worlds, the captured step, resets, parameter publishing), :mod:`.terrain` (generated terrain:
+heights, tiles, lookup), :mod:`.solver` (what differs between SolverMuJoCo and XPBD; the one user
+of Newton's and MuJoCo Warp's private names).
 
 Conventions: every view is a float32 torch tensor on ``device`` sharing memory with Newton,
 shaped (num_envs, ...). A name's suffix is its frame: ``_w`` world, ``_b`` the entity's root (body)
@@ -24,6 +25,8 @@ frame. Quaternions are (x, y, z, w).
   computed in the root frame; ``root_wrench_w`` (num_envs, 6) [N, N m] an external force and torque.
   ``None`` for a fixed base.
 - Bodies: ``body_pos_w`` (num_envs, num_bodies, 3) [m], ``body_quat_w`` (num_envs, num_bodies, 4),
+  ``body_lin_vel_w`` / ``body_ang_vel_w`` (num_envs, num_bodies, 3) [m/s, rad/s] (linear velocity
+  of each body's centre of mass),
   ``contact_forces_w`` (num_envs, num_bodies, 3) [N]: the net contact force on each body at the
   last physics step of the control step (``task.scene.contact_sensing``; sim=mujoco only).
 - The whole world: ``sim.joint_q`` / ``sim.joint_qd`` (num_envs, coordinates / DoFs of a world),
@@ -47,6 +50,18 @@ each entity's values at construction are in ``entity.defaults[name]``):
   per joint, ~15% slower stepping); ``joint_armature`` [kg m^2] (rotor inertia).
 - ``sim.gravity`` (num_envs, 3) [m/s^2], world frame.
 
+The ground (``scene.ground``): a plane at z = 0, or a generated terrain all worlds share
+(``scene.ground.terrain``; :mod:`.terrain`), one heightfield in MuJoCo's collision.
+``sim.terrain`` holds its heights and tile origins on the device; ``sim.ground_height(xy)`` gives
+the ground's height [m] under world points (..., 2) for either.
+
+Solver limits: ``sim.solver_limits`` (len(SOLVER_LIMITS),) int32 counts, per control step, the
+worlds in which the solver stopped short: ``limit`` (either of the next two), ``linesearch_limit``
+(a linesearch ran ``ls_iterations`` without converging), ``iteration_limit`` (the solver ran
+``iterations``), ``overflow`` (contacts or constraint rows beyond MuJoCo's capacity were dropped).
+Each :meth:`NewtonSim.step` overwrites them on the device, inside the captured graph: no host sync;
+read them after a step. MuJoCo Warp's own prints of these events are off. XPBD counts nothing (zeros).
+
 Protocols: after writing parameters, name them with :meth:`NewtonSim.params_changed`; the next
 :meth:`NewtonSim.step` hands them to the solver (no rebuild, no recompile; the captured graph
 replays with the new values). After writing the state of some worlds, call
@@ -55,6 +70,7 @@ replays with the new values). After writing the state of some worlds, call
 
 from legion.tasks.sim.scene import Articulation, Entity, Fixture, RigidObject, resolve_asset
 from legion.tasks.sim.simulation import NewtonSim
-from legion.tasks.sim.solver import PARAM_FLAGS
+from legion.tasks.sim.solver import PARAM_FLAGS, SOLVER_LIMITS
 
-__all__ = ["Articulation", "Entity", "Fixture", "NewtonSim", "PARAM_FLAGS", "RigidObject", "resolve_asset"]
+__all__ = ["Articulation", "Entity", "Fixture", "NewtonSim", "PARAM_FLAGS", "RigidObject", "SOLVER_LIMITS",
+           "resolve_asset"]

@@ -172,6 +172,8 @@ class _Body(Entity):
         self.num_bodies = len(body_labels)
         self.body_pos_w = sim.body_q[:, b, 0:3]
         self.body_quat_w = sim.body_q[:, b, 3:7]
+        self.body_lin_vel_w = sim.body_qd[:, b, 0:3]
+        self.body_ang_vel_w = sim.body_qd[:, b, 3:6]
         self.contact_forces_w = sim.contact_forces[:, b]
         self.body_mass = sim.body_mass[:, b]
         self.body_com = sim.body_com[:, b]

@@ -10,7 +10,8 @@ import warp as wp
 
 from legion.configs.schema import Robot, Scene
 from legion.tasks.sim.scene import Articulation, Fixture, JOINT_PARAMS, RigidObject, build_world, resolve_asset
-from legion.tasks.sim.solver import PARAM_FLAGS, SOLVERS
+from legion.tasks.sim.solver import PARAM_FLAGS, SOLVER_LIMITS, SOLVERS
+from legion.tasks.sim.terrain import Terrain, generate
 
 # Warp's CPU kernels point a static of their module at the calling thread's tile arena (LLVM's
 # JIT has no thread-local storage), so two threads running them at once corrupt each other's
@@ -50,6 +51,10 @@ class NewtonSim:
     Attributes:
         scene: the entities by name (``"robot"``, then objects and fixtures in config order).
         robot: ``scene["robot"]``, an :class:`Articulation`.
+        terrain: the generated :class:`~legion.tasks.sim.terrain.Terrain` all worlds share
+            (``scene.ground.terrain``), or ``None`` (a plane at z = 0, or no ground).
+        solver_limits: (len(SOLVER_LIMITS),) int32, the number of worlds that hit each of
+            :data:`~legion.tasks.sim.SOLVER_LIMITS` during the last :meth:`step` (zeros for XPBD).
     """
 
     @_one_thread_at_a_time
@@ -80,8 +85,19 @@ class NewtonSim:
         builder = newton.ModelBuilder()
         builder.rigid_gap = contact_gap
         builder.replicate(world, num_envs)
+        self.terrain = None
         if scene.ground is not None:  # shared by all worlds, so it comes after them (shape_world -1)
-            builder.add_ground_plane(cfg=newton.ModelBuilder.ShapeConfig(mu=scene.ground.friction, gap=contact_gap))
+            ground = newton.ModelBuilder.ShapeConfig(mu=scene.ground.friction, gap=contact_gap)
+            if scene.ground.terrain is None:
+                builder.add_ground_plane(cfg=ground)
+            else:
+                self.terrain = Terrain(generate(scene.ground.terrain), device)
+                heights, r, (x0, y0) = self.terrain.map.heights, self.terrain.map.resolution, self.terrain.map.corner
+                rows, cols = heights.shape
+                hx, hy = (cols - 1) * r / 2, (rows - 1) * r / 2
+                builder.add_shape_heightfield(
+                    xform=wp.transform((x0 + hx, y0 + hy, 0.0), wp.quat_identity()), cfg=ground, label="terrain",
+                    heightfield=newton.Heightfield(data=heights, nrow=rows, ncol=cols, hx=hx, hy=hy))
         self.model = model = builder.finalize(device=device)
         self.state, self.control = model.state(), model.control()
         newton.eval_fk(model, model.joint_q, model.joint_qd, self.state)
@@ -94,6 +110,7 @@ class NewtonSim:
         self.joint_q = wp.to_torch(self.state.joint_q).view(n, coords)  # generalized coordinates
         self.joint_qd = wp.to_torch(self.state.joint_qd).view(n, dofs)  # generalized velocities
         self.body_q = wp.to_torch(self.state.body_q).view(n, bodies, 7)  # body poses, world frame
+        self.body_qd = wp.to_torch(self.state.body_qd).view(n, bodies, 6)  # COM linear, angular velocity, world frame
         self.joint_target_q = wp.to_torch(self.control.joint_target_q).view(n, coords)
         self.joint_f = wp.to_torch(self.control.joint_f).view(n, dofs)
         self.shape_body = wp.to_torch(model.shape_body)[:shapes].clone()  # body of each shape (-1: static)
@@ -117,6 +134,7 @@ class NewtonSim:
         self.contact_forces = torch.zeros(n, bodies, 3, device=device)  # [N], world frame
         self._contact_out = wp.from_torch(self.contact_forces, dtype=wp.vec3)
         self.solver = adapter(self, dict(solver_options or {}))
+        self.solver_limits = wp.to_torch(self.solver.limits)  # overwritten by every step
 
         # --- the entities ------------------------------------------------------------------
         joint_type = model.joint_type.numpy()[: world.joint_count]
@@ -186,6 +204,12 @@ class NewtonSim:
             self._reset_mask_t[worlds] = True
         self._newton.eval_fk(self.model, self.state.joint_q, self.state.joint_qd, self.state, mask=self._fk_mask)
         self.solver.reset(self.state, self._reset_mask)
+
+    def ground_height(self, xy: torch.Tensor) -> torch.Tensor:
+        """Height [m] of the ground under world points ``xy`` (..., 2) [m]: the terrain's, else 0."""
+        if self.terrain is None:
+            return torch.zeros(xy.shape[:-1], device=xy.device)
+        return self.terrain.height_at(xy)
 
     def params_changed(self, *names: str) -> None:
         """Marks per-env parameters (names as in ``PARAM_FLAGS``) as edited; the next :meth:`step`

@@ -2,15 +2,17 @@
 
 :class:`~legion.tasks.sim.NewtonSim` asks its solver to step the state one physics step, finish a
 control step, forget the history of reset worlds, sense contact forces, and take edited
-per-env parameters. :class:`MuJoCo` (SolverMuJoCo on MuJoCo Warp, the default) and
-:class:`XPBD` answer. This is the only module that uses private names of Newton and MuJoCo Warp;
-each use says why.
+per-env parameters; it reads the solver's ``limits`` counters (:data:`SOLVER_LIMITS`).
+:class:`MuJoCo` (SolverMuJoCo on MuJoCo Warp, the default) and :class:`XPBD` answer. This is the
+only module that uses private names of Newton and MuJoCo Warp, or reaches into MuJoCo Warp's
+model and data behind SolverMuJoCo; each use says why.
 """
 
 from __future__ import annotations
 
 import math
 
+import mujoco_warp as mjw
 import numpy as np
 import torch
 import warp as wp
@@ -19,6 +21,12 @@ import warp as wp
 # pyramidal and elliptic friction cones both work.
 from mujoco_warp._src.support import contact_force_fn as mjw_contact_force_fn
 from mujoco_warp._src.types import vec5
+
+# What the solver counts per control step, in the order of ``limits``: how many worlds stopped
+# at a limit (either of the next two), at the linesearch iteration limit (``ls_iterations``), at
+# the solver iteration limit (``iterations``), and how many overflowed a capacity (contacts or
+# constraint rows beyond nconmax / njmax: MuJoCo dropped some).
+SOLVER_LIMITS = ("limit", "linesearch_limit", "iteration_limit", "overflow")
 
 # The newton.ModelFlags each per-env parameter needs the solver to re-read.
 PARAM_FLAGS = {
@@ -75,6 +83,38 @@ def _contact_forces_kernel(
         wp.atomic_sub(out, world, slot0, force)
 
 
+_LS_ITERATIONS = int(mjw.OverflowType.LS_ITERATIONS)
+_ITERATIONS = int(mjw.OverflowType.ITERATIONS)
+
+
+@wp.kernel
+def _gather_overflow_kernel(overflow: wp.array[int], hit: wp.array[int]):
+    """ORs each world's overflow bits of one physics step into ``hit`` (num_worlds,), then clears them."""
+    world = wp.tid()
+    hit[world] = hit[world] | overflow[world]
+    overflow[world] = 0
+
+
+@wp.kernel
+def _count_limits_kernel(hit: wp.array[int], limits: wp.array[int]):
+    """Counts the worlds of each kind of :data:`SOLVER_LIMITS` in ``hit``, then clears ``hit``."""
+    world = wp.tid()
+    bits = hit[world]
+    if bits == 0:
+        return
+    hit[world] = 0
+    linesearch = (bits & _LS_ITERATIONS) != 0
+    iterations = (bits & _ITERATIONS) != 0
+    if linesearch or iterations:
+        wp.atomic_add(limits, 0, 1)
+    if linesearch:
+        wp.atomic_add(limits, 1, 1)
+    if iterations:
+        wp.atomic_add(limits, 2, 1)
+    if (bits & ~(_LS_ITERATIONS | _ITERATIONS)) != 0:
+        wp.atomic_add(limits, 3, 1)
+
+
 class MuJoCo:
     """Newton's SolverMuJoCo (MuJoCo Warp). Senses contact forces per body.
 
@@ -83,6 +123,13 @@ class MuJoCo:
     combine the two geoms' friction with the maximum, hiding any value below the ground's.
     Restitution: MuJoCo has none; a value e > 0 sets the contact's damping ratio to
     -ln(e) / sqrt(pi^2 + ln(e)^2), the one at which a linear spring-damper rebounds with e.
+
+    Solver limits: MuJoCo Warp would print a line ("linesearch iterations limit reached ...")
+    from inside its kernels each time a world stops at ``ls_iterations`` or ``iterations``,
+    hundreds of times per training run. Its prints are off; instead the per-world overflow
+    bitmask it sets (``Data.overflow``, :class:`mujoco_warp.OverflowType`) is gathered after each
+    physics step and counted per control step into ``limits`` (:data:`SOLVER_LIMITS`), on the
+    device and inside the captured graph.
     """
 
     name = "mujoco"
@@ -103,6 +150,11 @@ class MuJoCo:
         model, n, shapes = sim.model, sim.num_envs, sim.shapes_per_world
         wp.to_torch(model.mujoco.geom_priority)[: n * shapes] = 1  # see the class docstring
         self.solver = newton.solvers.SolverMuJoCo(model, **options)
+        # MuJoCo Warp compiles its overflow prints in or out by this mask (a wp.static of the kernels
+        # it builds at their first launch, NewtonSim's graph capture): set it before any step.
+        self.solver.mjw_model.opt.warn_overflow = 0
+        self.limits = wp.zeros(len(SOLVER_LIMITS), dtype=int, device=sim.device)
+        self._overflow_hit = wp.zeros(n, dtype=int, device=sim.device)
         self._solref_raw = SOLREF_MODE_RAW
         self._solref = wp.to_torch(model.mujoco.solref)[: n * shapes].view(n, shapes, 2)
         self._solref_mode = wp.to_torch(model.mujoco.solref_mode)[: n * shapes].view(n, shapes)
@@ -128,9 +180,16 @@ class MuJoCo:
         # Stepping one State in place keeps every torch view valid (MuJoCo reads state_in before
         # it writes state_out).
         self.solver.step(state, state, control, None, dt)
+        # MuJoCo Warp only ever ORs bits into Data.overflow: taking and clearing them after every
+        # physics step counts each step's once, whether or not Newton clears them too.
+        overflow = self.solver.mjw_data.overflow
+        wp.launch(_gather_overflow_kernel, dim=self.sim.num_envs, inputs=[overflow, self._overflow_hit],
+                  device=self.sim.device)
 
     def finish_control_step(self, state) -> None:
-        pass
+        self.limits.zero_()
+        wp.launch(_count_limits_kernel, dim=self.sim.num_envs, inputs=[self._overflow_hit, self.limits],
+                  device=self.sim.device)
 
     def reset(self, state, world_mask) -> None:
         self.solver.reset(state, world_mask, flags=0)  # flags=0: the solver's own buffers only
@@ -190,6 +249,7 @@ class XPBD:
         self.collision = newton.CollisionPipeline(sim.model)
         self.contacts = self.collision.contacts()
         self._state_next = sim.model.state()
+        self.limits = wp.zeros(len(SOLVER_LIMITS), dtype=int, device=sim.device)  # XPBD has none: zeros
 
     def step(self, state, control, dt: float) -> None:
         # XPBD needs distinct in/out states; the result is copied back so the views stay valid.

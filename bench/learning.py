@@ -1,0 +1,187 @@
+"""Learning against the clock: train a task from scratch for a wall-clock budget and measure the
+policy with `legion eval`'s metrics as it learns.
+
+Training runs in chunks; after every ``--eval-every`` minutes of training (and at 0 and at the
+end) a checkpoint is written and evaluated on a second env of the same task (legion/evaluation.py:
+held commands or whole episodes, noise off, randomization as trained). Evaluation time is not
+training time: the clock counts training only. The goal, whose first evaluation that meets it
+gives the time to goal: locomotion "walks" (forward tracking error < 0.1 m/s and falls < 5% over
+all commands); goal tasks (arm_reach, arm_lift) a success rate >= --success-goal (0.97).
+
+Writes bench/results/learning_<task>.json (per evaluation: training time, iteration, env-steps,
+training reward, the summary metrics, and the full `legion eval` rows), bench/results/learning_<task>.png
+(tracking error and falls, or success rate and final error, and training reward against minutes
+of training) and prints a markdown table. The run itself (config, checkpoints, TensorBoard) goes
+to runs/<task>/<date>_learning.
+
+    python bench/learning.py --task quadruped_flat --mode async --minutes 90 --eval-every 10 --num-envs 1024
+    python bench/learning.py --task arm_reach --minutes 30 --eval-every 5
+    python bench/learning.py --task biped_flat --minutes 2 --eval-every 1 sim.num_envs=256   # a quick check
+"""
+
+import argparse
+import time
+from pathlib import Path
+
+from common import ROOT, compose, make_env, make_runner, print_table, typed, write_json
+
+from legion import evaluation
+from legion.runs import save_config, seed_everything
+
+WALK_ERROR, WALK_FALLS = 0.1, 0.05  # m/s forward tracking error, share of envs that fell
+
+
+def summarize(report: dict, train_s: float, iteration: int, env_steps: int, reward: float,
+              success_goal: float) -> dict:
+    """One evaluation as a row: training progress, then the forward command's error and means over
+    commands (locomotion) or the success rate and final errors (goal tasks); ``goal`` if met."""
+    progress = {"train_min": train_s / 60, "iteration": iteration, "env_steps_M": env_steps / 1e6, "train_reward": reward}
+    if report["kind"] in evaluation.GOAL_COMMANDS:
+        row = {**progress, **report["rows"][0]}
+        row["goal"] = row["success_rate"] >= success_goal
+        return row
+    rows = {r["command"]: r for r in report["rows"]}
+    moving = [r for r in report["rows"] if r["command"] != "stand"]
+    mean = lambda key, rs: sum(r[key] for r in rs) / len(rs)  # noqa: E731
+    forward = rows.get("forward")
+    levels = [r["terrain_level"] for r in report["rows"] if r["terrain_level"] is not None]
+    row = {
+        **progress,
+        "forward_error": forward["vel_error_xy"] if forward else None,
+        "mean_error_xy": mean("vel_error_xy", moving) if moving else None,
+        "mean_yaw_error": mean("yaw_rate_error", report["rows"]),
+        "fall_rate": mean("fall_rate", report["rows"]),
+        "terrain_level": sum(levels) / len(levels) if levels else None,
+    }
+    row["goal"] = bool(forward and row["forward_error"] < WALK_ERROR and row["fall_rate"] < WALK_FALLS)
+    return row
+
+
+def plot(rows: list[dict], task: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    minutes = [r["train_min"] for r in rows]
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 7.5), sharex=True)
+    if "success_rate" in rows[0]:
+        top.plot(minutes, [100 * r["success_rate"] for r in rows], marker="o")
+        top.set_ylabel("success [%]")
+        middle.plot(minutes, [100 * r["final_position_error_m"] for r in rows], marker="o", color="tab:red")
+        middle.set_ylabel("final position error [cm]")
+    else:
+        plot_tracking(rows, minutes, top, middle)
+    bottom.plot(minutes, [r["train_reward"] for r in rows], marker="o", color="tab:green")
+    bottom.set_ylabel("training reward")
+    bottom.set_xlabel("training time [min]")
+    for ax in (top, middle, bottom):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{task}: legion eval metrics while learning", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_tracking(rows: list[dict], minutes: list[float], top, middle) -> None:
+    for key, label in (("forward_error", "forward |v_xy error| [m/s]"), ("mean_error_xy", "mean over moving commands"),
+                       ("mean_yaw_error", "mean |yaw rate error| [rad/s]")):
+        if rows[0][key] is not None:
+            top.plot(minutes, [r[key] for r in rows], marker="o", label=label)
+    top.axhline(WALK_ERROR, color="0.5", linestyle="--", linewidth=1)
+    top.set_ylabel("tracking error")
+    top.legend(fontsize=8, loc="best")
+    middle.plot(minutes, [100 * r["fall_rate"] for r in rows], marker="o", color="tab:red")
+    middle.axhline(100 * WALK_FALLS, color="0.5", linestyle="--", linewidth=1)
+    middle.set_ylabel("falls [%]")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="quadruped_flat")
+    parser.add_argument("--minutes", type=float, default=90.0, help="training wall-clock budget")
+    parser.add_argument("--eval-every", type=float, default=10.0, help="minutes of training between evaluations")
+    parser.add_argument("--mode", default="async", choices=("sync", "async"))
+    parser.add_argument("--num-envs", type=int, default=None, help="training envs (default: the task's)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
+    parser.add_argument("--envs-per-command", type=int, default=16, help="evaluation envs per command")
+    parser.add_argument("--eval-seconds", type=float, default=10.0, help="evaluation episode length")
+    parser.add_argument("--episodes", type=int, default=200, help="goal tasks: evaluation episodes")
+    parser.add_argument("--success-goal", type=float, default=0.97, help="goal tasks: success rate to reach")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the training config (key=value)")
+    args = parser.parse_args()
+
+    overrides = [f"task={args.task}", f"agent.mode={args.mode}", f"device={args.device}", "agent.max_iterations=null",
+                 "agent.save_interval=1000000", "agent.save_every_minutes=null", "agent.log_interval=10",
+                 *([f"sim.num_envs={args.num_envs}"] if args.num_envs else []), *args.overrides]
+    cfg = compose(*overrides)
+    settings = typed(cfg)
+    run_dir = ROOT / "runs" / args.task / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_learning"
+    run_dir.mkdir(parents=True)
+    save_config(cfg, run_dir / "config.yaml")
+    seed_everything(settings.seed)
+    env = make_env(cfg)
+    runner = make_runner(env, settings.agent, log_dir=run_dir, device=settings.device)
+    options = evaluation.Options(envs_per_command=args.envs_per_command, duration_s=args.eval_seconds,
+                                 episodes=args.episodes)
+    samples = settings.agent.num_steps_per_env * settings.sim.num_envs
+    budget, every = 60 * args.minutes, 60 * args.eval_every
+    print(f"[learning] {args.task}, {settings.sim.num_envs} envs, {args.mode}, {args.minutes:g} min of training, "
+          f"evaluation every {args.eval_every:g} min; run folder {run_dir}", flush=True)
+
+    loaded, rows, evaluations, train_s = None, [], [], 0.0
+
+    def evaluate() -> None:
+        nonlocal loaded
+        path = runner.save()
+        if loaded is None:  # the evaluation env, built once
+            loaded = evaluation.load(run_dir, options, path)
+        else:
+            loaded.runner.load(path)
+            loaded.checkpoint = path
+        report = evaluation.measure(loaded, options)
+        row = summarize(report, train_s, runner.iteration, runner.iteration * samples, runner.mean_episode_return,
+                        args.success_goal)
+        rows.append(row)
+        evaluations.append({"train_min": row["train_min"], "iteration": row["iteration"], "rows": report["rows"]})
+        if "success_rate" in row:
+            what = f"success {row['success_rate']:.1%}, final error {100 * row['final_position_error_m']:.1f} cm"
+        else:
+            forward = row["forward_error"]
+            what = f"forward error {forward if forward is None else round(forward, 3)}, falls {row['fall_rate']:.0%}"
+        print(f"[learning] {row['train_min']:.1f} min, it {row['iteration']}: {what}"
+              f"{', goal met' if row['goal'] else ''}", flush=True)
+
+    evaluate()
+    next_eval = every
+    while train_s < budget:
+        target = min(next_eval, budget)
+        per_iteration = train_s / runner.iteration if runner.iteration else None
+        chunk = 1 if per_iteration is None else max(1, round((target - train_s) / per_iteration))
+        start = time.perf_counter()
+        runner.learn(runner.iteration + chunk)
+        train_s += time.perf_counter() - start
+        if train_s >= target - (per_iteration or 0.0) / 2:
+            evaluate()
+            next_eval += every
+    if rows[-1]["iteration"] != runner.iteration:
+        evaluate()
+
+    met = next((r for r in rows if r["goal"]), None)
+    goal = ({"success_rate_at_least": args.success_goal} if "success_rate" in rows[0] else
+            {"forward_error_below": WALK_ERROR, "falls_below": WALK_FALLS})
+    result = {"task": args.task, "mode": args.mode, "num_envs": settings.sim.num_envs, "device": args.device,
+              "budget_min": args.minutes, "eval": options.__dict__, "run": str(run_dir), "goal": goal,
+              "time_to_goal_min": met["train_min"] if met else None,
+              "env_steps_to_goal_M": met["env_steps_M"] if met else None}
+    print_table(rows)
+    print(f"goal {goal} met after {result['time_to_goal_min']:.1f} min of training" if met else
+          f"goal {goal} not met within {args.minutes:g} min")
+    path = write_json(f"learning_{args.task}", rows, **result, evaluations=evaluations)
+    plot(rows, args.task, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    env.close()
+
+
+if __name__ == "__main__":
+    main()

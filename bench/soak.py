@@ -1,0 +1,74 @@
+"""Soak test: continuous asynchronous training for --minutes, its memory sampled every minute.
+
+Starts `legion train agent.mode=async agent.max_iterations=null` with a snapshot every minute,
+reads the training process's resident memory (VmRSS) once a minute, stops it with SIGTERM (as a
+cluster preempting the job would) and loads every snapshot it wrote. Goals: resident memory grows
+by at most 5% from minute --settle on; every snapshot loads; SIGTERM ends the run cleanly.
+
+    python bench/soak.py [--task quadruped_flat] [--num-envs 512] [--minutes 30] [--settle 5]
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import ROOT, print_table, write_json
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="quadruped_flat")
+    parser.add_argument("--num-envs", type=int, default=512)
+    parser.add_argument("--minutes", type=int, default=30)
+    parser.add_argument("--settle", type=int, default=5, help="minutes of warm-up excluded from the growth goal")
+    args = parser.parse_args()
+
+    from legion.agents.checkpoints import checkpoints, load_checkpoint
+
+    folder = Path(tempfile.mkdtemp(prefix="legion-soak-"))
+    command = [sys.executable, "-m", "legion", "train", f"task={args.task}", f"sim.num_envs={args.num_envs}",
+               "agent.mode=async", "agent.max_iterations=null", "agent.save_every_minutes=1", "agent.keep_last=null",
+               "agent.save_interval=1000000", "agent.log_interval=10"]
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    log = open(folder / "train.out", "w")
+    process = subprocess.Popen(command, cwd=folder, env=environ, stdout=log, stderr=subprocess.STDOUT)
+    samples, start = [], time.time()
+    try:
+        for minute in range(1, args.minutes + 1):
+            time.sleep(max(0.0, start + 60 * minute - time.time()))
+            if process.poll() is not None:
+                raise RuntimeError(f"training ended early (exit {process.returncode}); see {folder / 'train.out'}")
+            samples.append({"minute": minute, "rss_mb": rss_mb(process.pid)})
+            print(f"minute {minute}: {samples[-1]['rss_mb']:,.0f} MiB", flush=True)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        exit_code = process.wait(timeout=300)
+        log.close()
+    run = next(folder.glob(f"runs/{args.task}/*"))
+    snapshots = checkpoints(run)
+    loaded = sum(1 for path in snapshots if load_checkpoint(path))
+    settled = [s["rss_mb"] for s in samples if s["minute"] >= args.settle]
+    growth = settled[-1] / settled[0] - 1 if len(settled) > 1 else 0.0
+    iterations = load_checkpoint(snapshots[-1])["iteration"] if snapshots else 0
+    print_table(samples)
+    summary = {"minutes": args.minutes, "iterations": iterations, "snapshots": len(snapshots), "loaded": loaded,
+               "rss_growth_after_settle": growth, "sigterm_exit_code": exit_code,
+               "goal_met": growth <= 0.05 and loaded == len(snapshots) > 0 and exit_code == 0}
+    print(f"{iterations} iterations, {len(snapshots)} snapshots ({loaded} load), resident memory {growth:+.1%} from "
+          f"minute {args.settle} to {args.minutes}, SIGTERM exit code {exit_code}: goal "
+          f"{'met' if summary['goal_met'] else 'NOT met'}")
+    print(f"wrote {write_json('soak', samples, task=args.task, num_envs=args.num_envs, **summary)}")
+
+
+if __name__ == "__main__":
+    main()
