@@ -371,7 +371,7 @@ def describe(error: Exception, prefix: str = "", node: type = None) -> str:
 
 def keys_at(path: str) -> list[str] | None:
     """The keys the schema declares at a dotted path (named entries' names are free), or None."""
-    node, depth = Train, 0
+    node, depth, entry_kind = Train, 0, None
     for part in [p for p in path.split(".") if p]:
         if depth:  # an entry name (or a group name) of a named-entries field
             depth -= 1

@@ -257,8 +257,6 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
     nothing was measured (no success; a position command has no orientation). ``summary``: mean,
     median and max of each; ``series["episodes"]``: one record per episode, in the order they ended.
     """
-    import torch
-
     env = loaded.env
     if env.success is None:
         raise ValueError(f"task {env.cfg.name} defines no success (task.success): there is no success rate to "

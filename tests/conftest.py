@@ -34,3 +34,60 @@ def make_runner(*overrides: str, env=None, log_dir=None):
 def quadruped_env():
     """A 4-world quadruped_flat env shared by the tests that only read from fresh resets."""
     return make_env("task=quadruped_flat", "sim.num_envs=4")
+
+
+def export_untrained_run(run: Path, *overrides: str, action_std: float = 0.5) -> dict:
+    """A run folder (config.yaml, model_1.pt) of 4 envs with an untrained policy whose observation
+    normalizer saw 10 steps of random actions (so it is not the identity), exported with
+    ``legion export``'s code. Returns the live pieces: run, cfg, env (noise off), runner, actor,
+    loaded (a :class:`legion.runs.LoadedRun`), out (the export folder) and report (its check)."""
+    import torch
+
+    from legion.agents.runner import Runner
+    from legion.sim2real.export import export_run
+
+    cfg = compose(*overrides, "sim.num_envs=4")
+    runs.save_config(cfg, run / "config.yaml")
+    torch.manual_seed(0)
+    env = runs.make_env(cfg)
+    runner = Runner(env, runs.typed(cfg).agent, log_dir=None)
+    actor = runner.ppo.get_policy()
+    actor.train()
+    with torch.inference_mode():
+        obs = env.get_observations()
+        for _ in range(10):  # random actions move every joint
+            actor.update_normalization(obs)
+            obs, *_ = env.step(action_std * torch.randn(env.num_envs, env.num_actions))
+    actor.eval()
+    runner.iteration = 1
+    runner.save(run / "model_1.pt")
+    env.noise_enabled = False
+    loaded = runs.LoadedRun(run, cfg, env, runner, run / "model_1.pt")
+    out, report = export_run(run, loaded=loaded, steps=10)
+    return {"run": run, "cfg": cfg, "env": env, "runner": runner, "actor": actor, "loaded": loaded, "out": out,
+            "report": report}
+
+
+def lockstep_errors(env, actor, runtime, robot_state, steps: int = 15) -> dict:
+    """The edge runtime (``runtime``, a PolicyRunner) in lock-step with world 0 of ``env`` from a
+    reset: the largest |runtime - env| of the observation, the action and the joint targets over
+    ``steps`` control steps. ``robot_state(env)`` is what the robot reports for world 0."""
+    import numpy as np
+    import torch
+
+    errors = {"obs": 0.0, "action": 0.0, "target": 0.0}
+    with torch.inference_mode():
+        env.reset()
+        runtime.reset()
+        obs = env.get_observations()
+        for _ in range(steps):
+            state, command = robot_state(env), env.command.value[0].numpy()
+            errors["obs"] = max(errors["obs"], np.abs(runtime.observation(state, command) - obs["policy"][0].numpy()).max())
+            targets = runtime.act(state, command)
+            actions = actor(obs)
+            errors["action"] = max(errors["action"], np.abs(runtime.last_action - actions[0].numpy()).max())
+            obs, _, dones, _ = env.step(actions)
+            assert not dones[0], "world 0 ended its episode: the lock-step comparison needs one episode"
+            targets_env = env.robot.joint_pos_target[0, env.action.joint_ids].numpy()
+            errors["target"] = max(errors["target"], np.abs(targets - targets_env).max())
+    return errors

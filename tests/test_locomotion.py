@@ -3,11 +3,10 @@ runtime; the biped model stands where its geometry says and its task ends a fall
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
-from conftest import compose, make_env
+from conftest import export_untrained_run, lockstep_errors, make_env
 
 SMALL_TERRAIN = ("task.scene.ground.terrain.num_levels=3", "task.scene.ground.terrain.num_cols=6",
                  "task.scene.ground.terrain.border=2")
@@ -17,30 +16,8 @@ TASKS = {"quadruped_rough": ("task=quadruped_rough", *SMALL_TERRAIN), "biped_fla
 @pytest.fixture(scope="module", params=list(TASKS))
 def exported(request, tmp_path_factory):
     """A run folder of the task (4 envs) with a non-trivial normalizer, exported."""
-    from legion import runs
-    from legion.agents.runner import Runner
-    from legion.sim2real.export import export_run
-
-    run = tmp_path_factory.mktemp(request.param)
-    cfg = compose(*TASKS[request.param], "sim.num_envs=4")
-    runs.save_config(cfg, run / "config.yaml")
-    torch.manual_seed(0)
-    env = runs.make_env(cfg)
-    runner = Runner(env, runs.typed(cfg).agent, log_dir=None)
-    actor = runner.ppo.get_policy()
-    actor.train()
-    with torch.inference_mode():
-        obs = env.get_observations()
-        for _ in range(10):
-            actor.update_normalization(obs)
-            obs, *_ = env.step(0.3 * torch.randn(env.num_envs, env.num_actions))
-    actor.eval()
-    runner.iteration = 1
-    runner.save(run / "model_1.pt")
-    env.noise_enabled = False
-    loaded = runs.LoadedRun(run, cfg, env, runner, run / "model_1.pt")
-    out, report = export_run(run, loaded=loaded, steps=10)
-    return {"task": request.param, "env": env, "actor": actor, "out": out, "report": report}
+    return {"task": request.param,
+            **export_untrained_run(tmp_path_factory.mktemp(request.param), *TASKS[request.param], action_std=0.3)}
 
 
 def robot_state(env, i: int, metadata: dict) -> dict:
@@ -77,19 +54,7 @@ def test_each_task_builds_steps_exports_and_runs_in_the_edge_runtime(exported):
     if scans:
         assert len(meta["height_scan"]["points"]) == 17 * 11 and meta["height_scan"]["offset"] == 0.5
         assert meta["observation"]["size"] == 48 + 187
-    errors = {"obs": 0.0, "action": 0.0, "target": 0.0}
-    with torch.inference_mode():
-        env.reset()
-        runtime.reset()
-        obs = env.get_observations()
-        for _ in range(10):
-            state, command = robot_state(env, 0, meta), env.command.value[0].numpy()
-            errors["obs"] = max(errors["obs"], np.abs(runtime.observation(state, command) - obs["policy"][0].numpy()).max())
-            targets = runtime.act(state, command)
-            actions = actor(obs)
-            errors["action"] = max(errors["action"], np.abs(runtime.last_action - actions[0].numpy()).max())
-            obs, _, dones, _ = env.step(actions)
-            errors["target"] = max(errors["target"], np.abs(targets - env.robot.joint_pos_target[0].numpy()).max())
+    errors = lockstep_errors(env, actor, runtime, lambda env: robot_state(env, 0, meta), steps=10)
     assert max(errors.values()) <= 1e-5, errors
     if scans:
         state = robot_state(env, 0, meta)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import compose, make_env, make_runner, typed
+from conftest import compose, export_untrained_run, lockstep_errors, make_env, make_runner, typed
 
 # Franka Emika's modified (Craig) DH parameters (a, d, alpha) of joints 1-7, then the flange; the
 # hand turns -pi/4 about z and the tool centre point is 0.1034 m further (tasks/assets/arm.xml).
@@ -251,32 +251,10 @@ def test_a_short_training_of_arm_reach_improves_its_reward():
 @pytest.fixture(scope="module", params=["arm_reach", "arm_reach_delta", "arm_lift"])
 def exported(request, tmp_path_factory):
     """A run folder with a (briefly normalized, untrained) policy of the task, exported."""
-    from legion import runs
-    from legion.agents.runner import Runner
-    from legion.sim2real.export import export_run
-
     overrides = {"arm_reach": ["task=arm_reach"], "arm_lift": ["task=arm_lift"],
                  "arm_reach_delta": ["task=arm_reach", "task.action.type=joint_position_delta", "task.action.scale=0.05"]}
-    run = tmp_path_factory.mktemp(request.param)
-    cfg = compose(*overrides[request.param], "sim.num_envs=4")
-    runs.save_config(cfg, run / "config.yaml")
-    torch.manual_seed(0)
-    env = runs.make_env(cfg)
-    runner = Runner(env, runs.typed(cfg).agent, log_dir=None)
-    actor = runner.ppo.get_policy()
-    actor.train()
-    with torch.inference_mode():
-        obs = env.get_observations()
-        for _ in range(10):
-            actor.update_normalization(obs)
-            obs, *_ = env.step(0.5 * torch.randn(env.num_envs, env.num_actions))
-    actor.eval()
-    runner.iteration = 1
-    runner.save(run / "model_1.pt")
-    env.noise_enabled = False
-    loaded = runs.LoadedRun(run, cfg, env, runner, run / "model_1.pt")
-    out, report = export_run(run, loaded=loaded, steps=10)
-    return {"name": request.param, "out": out, "report": report, "env": env, "runner": runner, "loaded": loaded}
+    return {"name": request.param,
+            **export_untrained_run(tmp_path_factory.mktemp(request.param), *overrides[request.param])}
 
 
 def arm_state(env, i: int) -> dict:
@@ -308,22 +286,8 @@ def test_arm_policies_export_and_the_edge_runtime_acts_as_the_env(exported):
         assert meta["action"]["joint_ids"] == list(range(7))
         assert meta["command"]["type"] == "pose" and meta["command"]["body"] == "tcp" and terms["pose_command"] == 7
         assert runtime.state_keys == ["joint_pos", "joint_vel"]
-    ids = env.action.joint_ids
-    obs_error = action_error = target_error = 0.0
-    with torch.inference_mode():
-        env.reset()
-        runtime.reset()
-        obs = env.get_observations()
-        for _ in range(15):
-            state, command = arm_state(env, 0), env.command.value[0].numpy()
-            obs_error = max(obs_error, np.abs(runtime.observation(state, command) - obs["policy"][0].numpy()).max())
-            targets = runtime.act(state, command)
-            actions = actor(obs)
-            action_error = max(action_error, np.abs(runtime.last_action - actions[0].numpy()).max())
-            obs, _, dones, _ = env.step(actions)
-            assert not dones[0]
-            target_error = max(target_error, np.abs(targets - env.robot.joint_pos_target[0, ids].numpy()).max())
-    assert obs_error <= 1e-5 and action_error <= 1e-5 and target_error <= 1e-5
+    errors = lockstep_errors(env, actor, runtime, lambda env: arm_state(env, 0))
+    assert max(errors.values()) <= 1e-5, errors
     assert np.abs(runtime.last_action).max() > 0.05
 
 

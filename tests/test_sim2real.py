@@ -14,7 +14,7 @@ import onnx
 import pytest
 import torch
 
-from conftest import ROOT, compose
+from conftest import ROOT, export_untrained_run, lockstep_errors
 
 LEGION = [sys.executable, "-m", "legion"]
 
@@ -28,30 +28,7 @@ def legion(*args, cwd):
 def trained(tmp_path_factory):
     """A run folder (config.yaml + model_1.pt) of a quadruped_flat policy with a non-trivial
     observation normalizer, its exported folder, and the live env and runner."""
-    from legion import runs
-    from legion.agents.runner import Runner
-    from legion.sim2real.export import export_run
-
-    run = tmp_path_factory.mktemp("run")
-    cfg = compose("task=quadruped_flat", "sim.num_envs=4")
-    runs.save_config(cfg, run / "config.yaml")
-    torch.manual_seed(0)
-    env = runs.make_env(cfg)
-    runner = Runner(env, runs.typed(cfg).agent, log_dir=None)
-    actor = runner.ppo.get_policy()
-    actor.train()
-    with torch.inference_mode():
-        obs = env.get_observations()
-        for _ in range(10):  # normalizer statistics from the env; random actions move every joint
-            actor.update_normalization(obs)
-            obs, *_ = env.step(0.5 * torch.randn(env.num_envs, env.num_actions))
-    actor.eval()
-    runner.iteration = 1
-    runner.save(run / "model_1.pt")
-    env.noise_enabled = False
-    loaded = runs.LoadedRun(run, cfg, env, runner, run / "model_1.pt")
-    out, report = export_run(run, loaded=loaded, steps=10)
-    return {"run": run, "out": out, "report": report, "env": env, "runner": runner, "cfg": cfg, "loaded": loaded}
+    return export_untrained_run(tmp_path_factory.mktemp("run"), "task=quadruped_flat")
 
 
 def robot_state(env, i: int) -> dict:
@@ -172,23 +149,10 @@ def test_runtime_observation_and_targets_match_env(trained):
     """Lock-step with world 0: same observation (noise off), same action, same joint targets."""
     from legion.sim2real.deploy import PolicyRunner
 
-    env, actor = trained["env"], trained["runner"].ppo.get_policy()
+    env, actor = trained["env"], trained["actor"]
     runtime = PolicyRunner(trained["out"] / "policy.onnx")
-    obs_error = action_error = target_error = 0.0
-    with torch.inference_mode():
-        env.reset()
-        runtime.reset()
-        obs = env.get_observations()
-        for _ in range(15):
-            state, command = robot_state(env, 0), env.command.value[0].numpy()
-            obs_error = max(obs_error, np.abs(runtime.observation(state, command) - obs["policy"][0].numpy()).max())
-            targets = runtime.act(state, command)
-            actions = actor(obs)
-            action_error = max(action_error, np.abs(runtime.last_action - actions[0].numpy()).max())
-            obs, _, dones, _ = env.step(actions)
-            assert not dones[0]
-            target_error = max(target_error, np.abs(targets - env.robot.joint_pos_target[0].numpy()).max())
-    assert obs_error <= 1e-5 and action_error <= 1e-5 and target_error <= 1e-5
+    errors = lockstep_errors(env, actor, runtime, lambda env: robot_state(env, 0))
+    assert max(errors.values()) <= 1e-5, errors
     assert np.abs(runtime.last_action).max() > 0.05  # the comparison covered a moving last_action
 
 

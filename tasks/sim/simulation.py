@@ -10,7 +10,7 @@ import warp as wp
 
 from legion.configs.schema import Robot, Scene
 from legion.tasks.sim.scene import Articulation, Fixture, JOINT_PARAMS, RigidObject, build_world, resolve_asset
-from legion.tasks.sim.solver import PARAM_FLAGS, SOLVER_LIMITS, SOLVERS
+from legion.tasks.sim.solver import PARAM_FLAGS, SOLVERS
 from legion.tasks.sim.terrain import Terrain, generate
 
 # Warp's CPU kernels point a static of their module at the calling thread's tile arena (LLVM's
