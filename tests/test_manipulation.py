@@ -122,8 +122,8 @@ def test_reach_reward_is_maximal_at_the_target_and_falls_off_along_a_line(still_
         env.command.hold(torch.cat([pose[:, :3] + distance * direction, pose[:, 3:]], dim=-1))
         totals.append(sum(term.weight * term(env) for term in env.reward_terms if "error" in term.func.__name__))
     totals = torch.stack(totals)  # (distances, envs)
-    tanh_weight = next(term.weight for term in env.reward_terms if term.func.__name__.endswith("tanh"))
-    assert totals[0].tolist() == pytest.approx([tanh_weight] * 4, abs=1e-5)  # the most there is: no error, tanh term 1
+    tanh_weight = sum(term.weight for term in env.reward_terms if term.func.__name__.endswith("tanh"))
+    assert totals[0].tolist() == pytest.approx([tanh_weight] * 4, abs=1e-5)  # the most there is: no error, tanh terms 1
     assert (totals[1:] < totals[:-1]).all()  # strictly falling off along each line
     env.command.release()
 

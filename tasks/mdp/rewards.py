@@ -43,6 +43,11 @@ def orientation_command_error(env) -> torch.Tensor:
     return env.command.orientation_error()
 
 
+def orientation_command_error_tanh(env, std: float) -> torch.Tensor:
+    """1 - tanh(angle / std): 1 at the commanded orientation, falling off within a few ``std`` [rad]."""
+    return 1.0 - torch.tanh(env.command.orientation_error() / std)
+
+
 def track_lin_vel_xy_exp(env, std: float) -> torch.Tensor:
     """exp(-|v_xy,cmd - v_xy|^2 / std^2), base frame."""
     error = torch.sum(torch.square(env.command.value[:, :2] - env.robot.root_lin_vel_b[:, :2]), dim=1)
