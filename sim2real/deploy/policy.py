@@ -406,15 +406,16 @@ class PolicyRunner:
         action = actions[0]
         if self.action_clip:
             action = np.clip(action, -self.action_clip, self.action_clip)
-        targets = self.action_offset + self.action_scale * action
         if self.action_delta:
-            if self.targets is None:
+            if self.targets is None:  # an episode starts from the joint positions it is in
                 self.targets = np.asarray(state["joint_pos"], np.float32)[self.action_joint_ids]
             targets = np.clip(self.targets + self.action_scale * action, *self.action_limits.T)
+        else:
+            targets = self.action_offset + self.action_scale * action
         if not math.isfinite(sum(targets.tolist())):
             raise NonFiniteError("non-finite policy output (NaN or Inf) for a finite observation: the ONNX model "
                                  "is broken. Re-export it (legion export verifies the file before writing it).")
         self.last_obs, self.last_action, self.hidden = obs, action.astype(np.float32), hidden
         if self.action_delta:
-            self.targets = targets
-        return targets.copy()
+            self.targets = targets.copy()  # the caller may write into what it gets
+        return targets
