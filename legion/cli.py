@@ -494,6 +494,9 @@ def _run(command: str, function, *args) -> None:
     training that cannot go on with code 1, both with one message and no traceback."""
     try:
         function(*args)
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet
+        sys.exit(0)
     except ModuleNotFoundError as e:
         if e.name and e.name.split(".")[0] in TRAINING_STACK:
             _fail(command, f"needs the training stack ({e.name} is missing): "
@@ -522,8 +525,6 @@ def _run(command: str, function, *args) -> None:
 
 
 def main() -> None:
-    import os
-
     # Offscreen OpenGL for MuJoCo's renderer (video=true): MuJoCo binds its backend when first
     # imported, which loading a task's simulation does.
     os.environ.setdefault("MUJOCO_GL", "egl")
