@@ -331,7 +331,7 @@ def measure(loaded: LoadedRun, options: Options) -> dict:
                          f"legion eval measures {sorted(METRICS)} tasks.")
     import torch
 
-    with torch.inference_mode():  # a trained env's buffers are inference tensors (any write must be in this mode)
+    with torch.inference_mode():  # no autograd bookkeeping: evaluation only reads the policy
         report = METRICS[kind][0](loaded, options)
     return {"task": loaded.settings.task.name, "kind": kind, "run": str(loaded.run), "checkpoint": loaded.checkpoint.name,
             "iteration": int(loaded.runner.iteration), "device": loaded.settings.device,

@@ -41,12 +41,14 @@ class ContactTimers:
         self.last_air_time = torch.zeros_like(self.air_time)
         self.first_contact = torch.zeros(n, b, dtype=torch.bool, device=env.device)
 
+    # In-place updates only (as SuccessTracker): the state stays usable whether the env steps in
+    # inference mode or not.
     def step(self, dt: float) -> None:
         in_contact = torch.norm(self.env.robot.contact_forces_w, dim=-1) > self.threshold
-        self.first_contact = in_contact & (self.air_time > 0.0)
-        self.last_air_time = torch.where(self.first_contact, self.air_time + dt, self.last_air_time)
-        self.air_time = torch.where(in_contact, 0.0, self.air_time + dt)
-        self.contact_time = torch.where(in_contact, self.contact_time + dt, 0.0)
+        self.first_contact.copy_(in_contact & (self.air_time > 0.0))
+        self.last_air_time.copy_(torch.where(self.first_contact, self.air_time + dt, self.last_air_time))
+        self.air_time.copy_(torch.where(in_contact, 0.0, self.air_time + dt))
+        self.contact_time.copy_(torch.where(in_contact, self.contact_time + dt, 0.0))
 
     def reset(self, mask: torch.Tensor) -> None:
         self.air_time.masked_fill_(mask[:, None], 0.0)

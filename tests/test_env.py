@@ -157,3 +157,19 @@ def test_a_world_whose_physics_goes_nan_is_reset_and_counted_and_the_others_go_o
 def test_unknown_terms_are_named_with_the_alternatives():
     with pytest.raises(ValueError, match="Unknown rewards term 'flyy'.*track_lin_vel_xy_exp"):
         make_env("task=cartpole", "sim.num_envs=2", "+task.rewards.flyy={weight: 1.0}")
+
+
+@pytest.mark.parametrize("task", ["cartpole", "quadruped_flat", "quadruped_rough", "biped_flat", "arm_reach", "arm_lift"])
+def test_an_env_stepped_in_inference_mode_resets_and_steps_outside_it(task):
+    """Rollouts step in inference mode, evaluation and user code may not: state that a step
+    replaced instead of updating in place became an inference tensor, and the next reset outside
+    the mode failed ("Inplace update to inference tensor outside InferenceMode")."""
+    small = ("task.scene.ground.terrain.num_levels=2", "task.scene.ground.terrain.num_cols=2",
+             "task.scene.ground.terrain.border=1") if task == "quadruped_rough" else ()
+    env = make_env(f"task={task}", "sim.num_envs=2", *small)
+    with torch.inference_mode():
+        for _ in range(3):
+            env.step(torch.zeros(2, env.num_actions))
+    env.reset()
+    obs, rewards, dones, _ = env.step(torch.zeros(2, env.num_actions))
+    assert torch.isfinite(obs["policy"]).all() and torch.isfinite(rewards).all() and not dones.any()
