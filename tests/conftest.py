@@ -91,3 +91,32 @@ def lockstep_errors(env, actor, runtime, robot_state, steps: int = 15) -> dict:
             targets_env = env.robot.joint_pos_target[0, env.action.joint_ids].numpy()
             errors["target"] = max(errors["target"], np.abs(targets - targets_env).max())
     return errors
+
+
+def short_training(runner, iterations: int, steps: int = 100) -> tuple[dict, dict]:
+    """The deterministic policy (noise off) over ``steps`` control steps of every world from a reset,
+    before and after ``iterations`` of training: mean return and the share of worlds whose episode
+    ended early. Both measurements draw the same resets and commands (the env's generator reseeded),
+    so the difference is the policy's."""
+    import torch
+
+    env, policy = runner.env, runner.ppo.get_policy()
+
+    def measure() -> dict:
+        env.noise_enabled = False
+        env.generator.manual_seed(123)
+        env.reset()
+        total = torch.zeros(env.num_envs)
+        ended = torch.zeros(env.num_envs, dtype=torch.bool)
+        with torch.inference_mode():
+            obs = env.get_observations()
+            for _ in range(steps):
+                obs, rewards, dones, extras = env.step(policy(obs))
+                total += rewards
+                ended |= dones.bool() & ~extras["time_outs"].bool()
+        env.noise_enabled = True
+        return {"return": float(total.mean()), "ended": float(ended.float().mean())}
+
+    before = measure()
+    runner.learn(iterations)
+    return before, measure()

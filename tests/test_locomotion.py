@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from conftest import export_untrained_run, lockstep_errors, make_env
+from conftest import export_untrained_run, lockstep_errors, make_env, make_runner, short_training
 
 SMALL_TERRAIN = ("task.scene.ground.terrain.num_levels=3", "task.scene.ground.terrain.num_cols=6",
                  "task.scene.ground.terrain.border=2")
@@ -98,3 +98,20 @@ def test_a_stiff_biped_stands_at_its_default_height_on_its_feet_and_a_limp_one_f
     others = [b for b in range(robot.num_bodies) if b not in feet]
     assert force[others].max() == 0.0 and (force[feet] > 100.0).all()
     assert force[feet].sum() == pytest.approx(31.888 * 9.81, rel=0.02)
+
+
+def test_a_short_training_of_the_biped_makes_it_fall_less():
+    """20 iterations of 128 envs (61k steps): the untrained policy lets the biped fall within 2 s in
+    most worlds; trained, the deterministic policy's 2 s
+    return (a fall costs 4) rises by more than 0.15 and 3% fewer worlds fall, under half of what was
+    seen (-2.64 -> -2.28, falls 87.5% -> 79.7%)."""
+    before, after = short_training(make_runner("task=biped_flat", "sim.num_envs=128"), 20)
+    assert after["return"] > before["return"] + 0.15 and after["ended"] < before["ended"] - 0.03
+
+
+def test_a_short_training_on_rough_terrain_improves_its_reward():
+    """10 iterations of 128 envs (31k steps) on a 3-level terrain: the deterministic policy's 2 s
+    return rises by more than 0.01, half of what was seen (0.712 -> 0.732; it goes on to 0.752 after
+    30 iterations), and fewer worlds fall (2.3% -> 0.8%)."""
+    before, after = short_training(make_runner("task=quadruped_rough", *SMALL_TERRAIN, "sim.num_envs=128"), 10)
+    assert after["return"] > before["return"] + 0.01 and after["ended"] < before["ended"]
