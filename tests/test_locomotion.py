@@ -102,9 +102,9 @@ def test_a_stiff_biped_stands_at_its_default_height_on_its_feet_and_a_limp_one_f
 
 def test_a_short_training_of_the_biped_makes_it_fall_less():
     """20 iterations of 128 envs (61k steps): the untrained policy lets the biped fall within 2 s in
-    most worlds; trained, the deterministic policy's 2 s
-    return (a fall costs 4) rises by more than 0.15 and 3% fewer worlds fall, under half of what was
-    seen (-2.64 -> -2.28, falls 87.5% -> 79.7%)."""
+    most worlds; trained, the deterministic policy's 2 s return (a fall costs 4) rises by more than
+    0.15 and 3 points fewer worlds fall, under half of what was seen (-2.64 -> -2.28, falls 87.5% ->
+    79.7%)."""
     before, after = short_training(make_runner("task=biped_flat", "sim.num_envs=128"), 20)
     assert after["return"] > before["return"] + 0.15 and after["ended"] < before["ended"] - 0.03
 
