@@ -15,6 +15,10 @@ from legion.runs import compose, typed  # noqa: E402, F401  (for the tests)
 
 runs.setup_process()  # quiet Warp, the kernel cache above
 
+# quadruped_rough on a small terrain (3 levels x 6 columns of tiles): cheap to build, every terrain type.
+SMALL_TERRAIN = ("task.scene.ground.terrain.num_levels=3", "task.scene.ground.terrain.num_cols=6",
+                 "task.scene.ground.terrain.border=2")
+
 
 def make_env(*overrides: str):
     return runs.make_env(compose(*overrides))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import make_env
+from conftest import SMALL_TERRAIN, make_env
 from legion.tasks.sim import SOLVER_LIMITS
 
 
@@ -108,8 +108,7 @@ def test_tracking_reward_is_higher_at_the_commanded_velocity(quadruped_env):
 
 @pytest.mark.parametrize("task", [
     ("task=quadruped_flat",),
-    ("task=quadruped_rough", "task.scene.ground.terrain.num_levels=3", "task.scene.ground.terrain.num_cols=4",
-     "task.scene.ground.terrain.border=2"),  # terrain curriculum and height scans too
+    ("task=quadruped_rough", *SMALL_TERRAIN),  # terrain curriculum and height scans too
 ], ids=["flat", "rough"])
 def test_the_env_step_reads_nothing_back_to_the_host(monkeypatch, task):
     """On a GPU every read-back (.item(), .nonzero(), bool(tensor), ...) stalls the step until the
@@ -164,9 +163,7 @@ def test_an_env_stepped_in_inference_mode_resets_and_steps_outside_it(task):
     """Rollouts step in inference mode, evaluation and user code may not: state that a step
     replaced instead of updating in place became an inference tensor, and the next reset outside
     the mode failed ("Inplace update to inference tensor outside InferenceMode")."""
-    small = ("task.scene.ground.terrain.num_levels=2", "task.scene.ground.terrain.num_cols=2",
-             "task.scene.ground.terrain.border=1") if task == "quadruped_rough" else ()
-    env = make_env(f"task={task}", "sim.num_envs=2", *small)
+    env = make_env(f"task={task}", "sim.num_envs=2", *(SMALL_TERRAIN if task == "quadruped_rough" else ()))
     with torch.inference_mode():
         for _ in range(3):
             env.step(torch.zeros(2, env.num_actions))

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, compose
+from conftest import ROOT, SMALL_TERRAIN, compose
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +90,7 @@ def test_on_rough_terrain_eval_reports_the_levels_the_checkpoint_reached_and_hol
     from legion.agents.runner import Runner
     from legion.evaluation import Options, evaluate
 
-    cfg = compose("task=quadruped_rough", "sim.num_envs=4", "task.scene.ground.terrain.num_levels=3",
-                  "task.scene.ground.terrain.num_cols=6", "task.scene.ground.terrain.border=2")
+    cfg = compose("task=quadruped_rough", "sim.num_envs=4", *SMALL_TERRAIN)
     runs.save_config(cfg, tmp_path / "config.yaml")
     env = runs.make_env(cfg)
     env.terrain_levels.levels = torch.tensor([2, 2, 1, 1])

@@ -6,10 +6,8 @@ import math
 import pytest
 import torch
 
-from conftest import export_untrained_run, lockstep_errors, make_env, make_runner, short_training
+from conftest import SMALL_TERRAIN, export_untrained_run, lockstep_errors, make_env, make_runner, short_training
 
-SMALL_TERRAIN = ("task.scene.ground.terrain.num_levels=3", "task.scene.ground.terrain.num_cols=6",
-                 "task.scene.ground.terrain.border=2")
 TASKS = {"quadruped_rough": ("task=quadruped_rough", *SMALL_TERRAIN), "biped_flat": ("task=biped_flat",)}
 
 

@@ -262,7 +262,7 @@ def arm_state(env, i: int) -> dict:
 def test_arm_policies_export_and_the_edge_runtime_acts_as_the_env(exported):
     from legion.sim2real.deploy import PolicyRunner
 
-    env, actor = exported["env"], exported["runner"].ppo.get_policy()
+    env, actor = exported["env"], exported["actor"]
     assert exported["report"]["policy.onnx"]["max_abs_diff"] <= 1e-5
     runtime = PolicyRunner(exported["out"] / "policy.onnx")
     meta = runtime.metadata

@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import compose, make_env
+from conftest import SMALL_TERRAIN, compose, make_env
 
 TYPES = "{rough: 1, slope_up: 1, slope_down: 1, stairs_up: 1, stairs_down: 1, obstacles: 1}"
 # One column per type (in this order), three levels of 8 m tiles.
-ROUGH = ("task=quadruped_rough", "task.scene.ground.terrain.num_levels=3", "task.scene.ground.terrain.num_cols=6",
-         "task.scene.ground.terrain.border=2", f"task.scene.ground.terrain.types={TYPES}")
+ROUGH = ("task=quadruped_rough", *SMALL_TERRAIN, f"task.scene.ground.terrain.types={TYPES}")
 
 
 def terrain_cfg(*overrides):
