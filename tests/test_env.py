@@ -161,12 +161,13 @@ def test_unknown_terms_are_named_with_the_alternatives():
 @pytest.mark.parametrize("task", ["cartpole", "quadruped_flat", "quadruped_rough", "biped_flat", "arm_reach", "arm_lift"])
 def test_an_env_stepped_in_inference_mode_resets_and_steps_outside_it(task):
     """Rollouts step in inference mode, evaluation and user code may not: state that a step
-    replaced instead of updating in place became an inference tensor, and the next reset outside
-    the mode failed ("Inplace update to inference tensor outside InferenceMode")."""
+    replaced instead of updating in place became an inference tensor, and the next step or reset
+    outside the mode failed ("Inplace update to inference tensor outside InferenceMode")."""
     env = make_env(f"task={task}", "sim.num_envs=2", *(SMALL_TERRAIN if task == "quadruped_rough" else ()))
     with torch.inference_mode():
         for _ in range(3):
             env.step(torch.zeros(2, env.num_actions))
+    env.step(torch.zeros(2, env.num_actions))  # the episode goes on outside the mode
     env.reset()
     obs, rewards, dones, _ = env.step(torch.zeros(2, env.num_actions))
     assert torch.isfinite(obs["policy"]).all() and torch.isfinite(rewards).all() and not dones.any()

@@ -50,7 +50,8 @@ class UniformCommand:
         if self.held:
             return
         self.value[:] = torch.where(mask[:, None], self.sample(), self.value)
-        self.steps_left = torch.where(mask, self.resampling_steps, self.steps_left)
+        # In place: a rollout steps in inference mode, and a replaced tensor could not be updated outside it.
+        self.steps_left.copy_(torch.where(mask, self.resampling_steps, self.steps_left))
 
     def step(self) -> None:
         """Counts down one control step and resamples the envs whose time is up."""
