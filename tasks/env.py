@@ -211,8 +211,6 @@ class LegionEnv(VecEnv):
         for hook in self.after_physics:
             hook(self)
         self.episode_length_buf += 1
-        if self.command is not None:
-            self.command.step()
         if self.contacts is not None:
             self.contacts.step(self.step_dt)
         if self.success is not None:
@@ -222,6 +220,9 @@ class LegionEnv(VecEnv):
         self.extras = {"log": {f"Solver/{name}_fraction": value for name, value in zip(SOLVER_LIMITS, limits)}}
         self._compute_terminations()
         rewards = self._compute_rewards()
+        # New commands only now: success and rewards above judged the command the policy saw.
+        if self.command is not None:
+            self.command.step()
         dones = self.terminated | self.time_outs
         self._reset(dones)
         self.events.step(self.step_dt)

@@ -194,6 +194,27 @@ def test_pose_commands_lie_in_their_box_in_the_base_frame_and_point_down():
     assert yaw.max() - yaw.min() > 0.9 * (ranges["yaw"][1] - ranges["yaw"][0])
 
 
+def test_a_step_is_judged_on_the_command_its_action_saw_and_redraws_it_after():
+    """Commands redrawn every 2 control steps here. Each step's reward (and success) judges the
+    command the observation held when the action was chosen; the new one is drawn after, for the
+    next observation (before, a reach episode's last step was judged against a fresh target)."""
+    from legion.tasks.math import quat_rotate
+
+    env = make_env("task=arm_reach", "sim.num_envs=4", "task.command.resampling_time_s=0.04")
+    env.reset()
+    robot, tcp = env.robot, env.robot.find_bodies("tcp")[0]
+    weight = next(term.weight for term in env.reward_terms if term.name == "position_error")
+    redrawn = 0
+    for _ in range(6):
+        seen = env.command.value.clone()
+        env.step(torch.zeros(4, env.num_actions))
+        target = robot.body_pos_w[:, 0] + quat_rotate(robot.body_quat_w[:, 0], seen[:, :3])
+        error = torch.norm(robot.body_pos_w[:, tcp] - target, dim=-1)
+        assert torch.allclose(env.reward_values["position_error"], weight * env.step_dt * error, atol=1e-7)
+        redrawn += int((env.command.value != seen).any(dim=-1).sum())
+    assert redrawn == 3 * 4  # at steps 2, 4 and 6, in every env
+
+
 def test_bad_command_configs_name_the_fix():
     with pytest.raises(ValueError, match=r"task.command.ranges: a pose command takes .*missing: \['pos_z'\]"):
         make_env("task=arm_reach", "sim.num_envs=1", "~task.command.ranges.pos_z")
