@@ -106,30 +106,36 @@ def test_tracking_reward_is_higher_at_the_commanded_velocity(quadruped_env):
     assert (off_command[0] < 0.1).all() and (off_command[1] < 0.4).all()
 
 
+PUSHES = "task.events.push.interval_s=[0.02,0.06]"
+
+
 @pytest.mark.parametrize("task", [
-    ("task=quadruped_flat",),
-    ("task=quadruped_rough", *SMALL_TERRAIN),  # terrain curriculum and height scans too
-], ids=["flat", "rough"])
+    ("task=quadruped_flat", PUSHES),
+    ("task=quadruped_rough", PUSHES, *SMALL_TERRAIN),  # terrain curriculum and height scans too
+    ("task=arm_lift",),  # gripper and object terms
+], ids=["flat", "rough", "lift"])
 def test_the_env_step_reads_nothing_back_to_the_host(monkeypatch, task):
     """On a GPU every read-back (.item(), .nonzero(), bool(tensor), ...) stalls the step until the
-    device catches up. Steps with resets, command resampling, pushes and every randomization term
-    on call none of them (here, on the CPU, caught by name)."""
+    device catches up, and so does a tensor made from Python values (a host-to-device copy). Steps
+    with resets, command resampling, pushes and every randomization term on do none of them
+    (here, on the CPU, caught by name)."""
     from conftest import compose
 
     names = compose(*task).task.events.keys()
-    env = make_env(*task, "sim.num_envs=8", "task.episode_length_s=0.1",
-                   "task.command.resampling_time_s=0.06", "task.events.push.interval_s=[0.02,0.06]",
+    env = make_env(*task, "sim.num_envs=8", "task.episode_length_s=0.1", "task.command.resampling_time_s=0.06",
                    *(f"++task.events.{name}.enabled=true" for name in names))
-    env.step(torch.zeros(8, 12))
+    env.step(torch.zeros(8, env.num_actions))
 
     def read_back(*args, **kwargs):
-        raise AssertionError("a host read-back in the env step")
+        raise AssertionError("a host read-back (or a host-to-device copy) in the env step")
 
     for name in ("item", "tolist", "nonzero", "cpu", "numpy", "__bool__", "__int__", "__float__"):
         monkeypatch.setattr(torch.Tensor, name, read_back)
+    for name in ("tensor", "as_tensor"):
+        monkeypatch.setattr(torch, name, read_back)
     resets = torch.zeros(8, dtype=torch.long)
     for _ in range(12):  # episodes of 5 steps: every world resets twice, commands and pushes fire
-        _, _, dones, _ = env.step(torch.randn(8, 12) * 0.3)
+        _, _, dones, _ = env.step(torch.randn(8, env.num_actions) * 0.3)
         resets += dones
     monkeypatch.undo()
     assert (resets >= 2).all()

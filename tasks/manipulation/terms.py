@@ -19,8 +19,10 @@ def object_position(env, object: str = "cube") -> torch.Tensor:
 
 # --- rewards -----------------------------------------------------------------------------------
 def reach_object(env, std: float, bodies="tcp", object: str = "cube") -> torch.Tensor:
-    """1 - tanh(distance / std) between the end effector (``bodies``: one body) and the object [m]."""
-    distance = torch.norm(env.robot.body_pos_w[:, bodies[0]] - env.scene[object].root_pos_w, dim=-1)
+    """1 - tanh(distance / std) between the end effector (``bodies``: the mean position of the
+    matching bodies, e.g. one tool centre point) and the object [m]."""
+    # Indexed by the index tensor, not by one element of it: a 0-d CUDA index is read to the host.
+    distance = torch.norm(env.robot.body_pos_w[:, bodies].mean(dim=1) - env.scene[object].root_pos_w, dim=-1)
     return 1.0 - torch.tanh(distance / std)
 
 
@@ -32,7 +34,10 @@ def object_grasped(env, bodies, pad=(0.0, 0.0, 0.0275), object: str = "cube", ma
     robot = env.robot
     pressing = torch.all(torch.norm(robot.contact_forces_w[:, bodies], dim=-1) > threshold, dim=1)
     quat = robot.body_quat_w[:, bodies]
-    points = robot.body_pos_w[:, bodies] + quat_rotate(quat, torch.as_tensor(pad, device=env.device).expand_as(quat[..., :3]))
+    offset = torch.empty_like(quat[..., :3])
+    for axis, value in enumerate(pad):  # filled on the device: a tensor made from `pad` would be a host copy per step
+        offset[..., axis] = value
+    points = robot.body_pos_w[:, bodies] + quat_rotate(quat, offset)
     near = torch.norm(points.mean(dim=1) - env.scene[object].root_pos_w, dim=-1) < max_distance
     return (pressing & near).float()
 
