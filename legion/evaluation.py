@@ -245,7 +245,7 @@ GOAL_COMMANDS = ("pose", "position")
 
 
 def goals(loaded: LoadedRun, options: Options) -> dict:
-    """Success rate, time to success and final errors over the first ``options.episodes`` episodes.
+    """Success rate, time to success and final errors over ``options.episodes`` whole episodes.
 
     For tasks with a ``task.success`` and a pose or position command (``arm_reach``, ``arm_lift``).
     Every env starts a fresh episode, so each counted episode is whole; commands are the task's
@@ -255,7 +255,8 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
     commanded body's distance and angle from the command at the start of the episode's last
     control step: the step that ends an episode also resets its world), means; ``None`` where
     nothing was measured (no success; a position command has no orientation). ``summary``: mean,
-    median and max of each; ``series["episodes"]``: one record per episode, in the order they ended.
+    median and max of each; ``series["episodes"]``: one record per episode (with its world, ``env``),
+    in the order they ended. Every world counts ``ceil(episodes / num_envs)`` episodes at most.
     """
     env = loaded.env
     if env.success is None:
@@ -266,6 +267,9 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
     policy = loaded.runner.ppo.get_policy()
     policy.eval()
     records: list[dict] = []
+    # Each world counts as many episodes: counting the first to end would over-count worlds whose
+    # episodes end early (failures that terminate; a cube drawn hard to hold) and bias the rate down.
+    quota, counted = math.ceil(options.episodes / env.num_envs), [0] * env.num_envs
     obs = env.reset()
     policy.reset()
     while len(records) < options.episodes:
@@ -274,9 +278,13 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
         obs, _, dones, _ = env.step(policy(obs))
         policy.reset(dones)
         ended = dones.nonzero().squeeze(-1).tolist()  # one read-back per step: evaluation, not training
-        for i in ended[: options.episodes - len(records)]:
+        for i in ended:
+            if counted[i] == quota or len(records) == options.episodes:
+                continue
+            counted[i] += 1
             success = bool(env.success.last_succeeded[i])
             records.append({
+                "env": i,
                 "success": success,
                 "time_to_success_s": float(env.success.last_time_s[i]) if success else None,
                 "final_position_error_m": float(position_error[i]),

@@ -306,8 +306,9 @@ def test_arm_policies_export_and_the_edge_runtime_acts_as_the_env(exported):
 @pytest.mark.parametrize("exported", ["arm_reach"], indirect=True)
 def test_eval_reports_success_time_and_final_errors(exported, tmp_path):
     """A policy that outputs zero holds the home pose; with the command fixed at the home pose it
-    succeeds in every episode as soon as the hold is complete."""
+    succeeds in every episode as soon as the hold is complete, 5 cm away in none."""
     from legion.evaluation import Options, measure, table, write
+    from legion.tasks.mdp.terms import Term
 
     def manipulation_metrics(loaded, episodes):
         report = measure(loaded, Options(episodes=episodes))
@@ -335,7 +336,16 @@ def test_eval_reports_success_time_and_final_errors(exported, tmp_path):
         metrics = manipulation_metrics(loaded, episodes=4)
         assert metrics["success_rate"] == 0.0 and metrics["time_to_success_s"] is None
         assert metrics["final_position_error_m"]["mean"] == pytest.approx(0.05, abs=1e-3)
+        # Worlds 1 and 3 fail at once in every episode (a termination): they count as many episodes
+        # as worlds 0 and 2, which succeed, not more for ending sooner.
+        env.command.hold(tcp_pose(env))
+        failing = torch.tensor([False, True, False, True])
+        env.termination_terms.append(Term("odd_worlds_fail", lambda env: failing))
+        metrics = manipulation_metrics(loaded, episodes=8)
+        assert sorted(r["env"] for r in metrics["report"]["series"]["episodes"]) == [0, 0, 1, 1, 2, 2, 3, 3]
+        assert metrics["success_rate"] == 0.5
     finally:
+        env.termination_terms = [t for t in env.termination_terms if t.name != "odd_worlds_fail"]
         with torch.no_grad():
             for p, w in zip(last.parameters(), weights):
                 p.copy_(w)
