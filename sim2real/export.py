@@ -135,7 +135,10 @@ def build_metadata(loaded, actor) -> dict:
         "physics_dt": float(env.sim.physics_dt),
         "decimation": int(env.sim.decimation),
         "observation": {"groups": list(actor.obs_groups), "size": start, "terms": terms},
-        "command": dataclasses.asdict(task.command) if task.command else None,
+        # A pose command's quaternion takes the sign of quat_reference's hemisphere (PoseCommand).
+        "command": {**dataclasses.asdict(task.command), **({"quat_reference": floats(env.command.reference)}
+                                                           if hasattr(env.command, "reference") else {})}
+                   if task.command else None,
         "randomization": randomization,
         "ground_friction": task.scene.ground.friction if task.scene.ground else None,
         "tracking": tracking,

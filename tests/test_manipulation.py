@@ -188,8 +188,13 @@ def test_pose_commands_lie_in_their_box_in_the_base_frame_and_point_down():
         assert ranges[key][0] <= value[:, i].min() and value[:, i].max() <= ranges[key][1]
     down = quat_rotate(value[:, 3:], torch.tensor([0.0, 0.0, 1.0]).expand(256, 3))  # the tcp's z axis
     assert torch.allclose(down, torch.tensor([0.0, 0.0, -1.0]).expand(256, 3), atol=1e-5)
-    assert (value[:, 6] >= 0).all() and torch.allclose(value[:, 3:].norm(dim=-1), torch.ones(256))
-    yaw = torch.remainder(2 * torch.atan2(-value[:, 3], value[:, 4]), 2 * math.pi)  # (x, y) = +-(-sin, cos)(yaw / 2)
+    assert torch.allclose(value[:, 3:].norm(dim=-1), torch.ones(256))
+    # One sign for every draw, the reference's (the middle of the ranges, the home pose here): the
+    # observed quaternion is continuous across the yaw range (with "w >= 0" x jumped from 1 to -1 at
+    # the home yaw, where w ~ 0).
+    assert env.command.reference.abs().tolist() == pytest.approx([1.0, 0.0, 0.0, 0.0], abs=1e-6)  # +-Rx(pi)
+    assert (value[:, 3:] @ env.command.reference > 0.7).all()  # within a quarter turn of it: cos(pi / 4)
+    yaw = torch.remainder(2 * torch.atan2(-value[:, 3], value[:, 4]), 2 * math.pi)  # (x, y) = +-(-sin, cos)(yaw / 2), one sign
     assert ranges["yaw"][0] - 1e-4 <= yaw.min() and yaw.max() <= ranges["yaw"][1] + 1e-4
     assert yaw.max() - yaw.min() > 0.9 * (ranges["yaw"][1] - ranges["yaw"][0])
 
@@ -298,6 +303,10 @@ def test_arm_policies_export_and_the_edge_runtime_acts_as_the_env(exported):
         assert meta["action"]["joint_ids"] == list(range(7))
         assert meta["command"]["type"] == "pose" and meta["command"]["body"] == "tcp" and terms["pose_command"] == 7
         assert runtime.state_keys == ["joint_pos", "joint_vel"]
+        # A target's quaternion with either sign (one orientation) is observed with the sign training drew.
+        command = env.command.value[0].numpy()
+        flipped = np.concatenate([command[:3], -command[3:]])
+        assert np.array_equal(runtime.observation(arm_state(env, 0), flipped), runtime.observation(arm_state(env, 0), command))
     errors = lockstep_errors(env, actor, runtime, lambda env: arm_state(env, 0))
     assert max(errors.values()) <= 1e-5, errors
     assert np.abs(runtime.last_action).max() > 0.05

@@ -111,8 +111,8 @@ OBSERVATION_TERMS = {
     "last_action": lambda state, command, runner: runner.last_action,
     "base_height": _base_height,
     # Manipulation: the command is the target in the robot's base frame, (x, y, z, qx, qy, qz, qw)
-    # for a pose and (x, y, z) for a position [m].
-    "pose_command": lambda state, command, runner: command,
+    # for a pose (the quaternion of either sign) and (x, y, z) for a position [m].
+    "pose_command": lambda state, command, runner: runner.canonical_pose(command),
     "position_command": lambda state, command, runner: command,
     "object_position": lambda state, command, runner: state["object_pos"],
 }
@@ -298,6 +298,9 @@ class PolicyRunner:
         self.action_limits = np.asarray(meta["joint_limits"], np.float32)[self.action_joint_ids]
         self.joint_names: list[str] = meta["joint_names"]
         self.control_dt: float = meta["control_dt"]
+        # q and -q are one orientation; training observed the one in this quaternion's hemisphere.
+        reference = (meta.get("command") or {}).get("quat_reference")
+        self.quat_reference = None if reference is None else np.asarray(reference, np.float32)
         self.default_joint_pos = np.asarray(meta["default_joint_pos"], np.float32)
         self.action_scale = np.asarray(action["scale"], np.float32)
         self.action_offset = np.asarray(action["offset"], np.float32)
@@ -363,6 +366,13 @@ class PolicyRunner:
             raise StateError(f"robot state '{key}' has shape {value.shape} and dtype {value.dtype}; the policy "
                              f"expects shape {shape} numbers{order} (see sim2real/deploy/policy.py for units "
                              "and frames)")
+
+    def canonical_pose(self, pose: np.ndarray) -> np.ndarray:
+        """A pose command (x, y, z, qx, qy, qz, qw) with the quaternion's sign as in training (policies
+        exported before the reference was recorded saw w >= 0 and get the command unchanged)."""
+        if self.quat_reference is not None and float(pose[3:7] @ self.quat_reference) < 0:
+            return np.concatenate([pose[:3], -pose[3:7]])
+        return pose
 
     def observation(self, state: dict, command=None) -> np.ndarray:
         """(obs_dim,) float32 policy input for a robot state and the task's command: velocity (v_x, v_y,

@@ -143,20 +143,37 @@ class PoseCommand(PositionCommand):
     default 0): the orientation Rz(yaw) Ry(pitch) Rx(roll) relative to the base frame.
 
     Attributes:
-        value: (num_envs, 7) target position [m] and orientation quaternion (x, y, z, w; w >= 0),
-            base frame.
+        value: (num_envs, 7) target position [m] and orientation quaternion (x, y, z, w), base
+            frame, with the sign of :attr:`reference`'s hemisphere.
+        reference: (4,) the orientation at the middle of the ranges. q and -q are one rotation; the
+            policy sees the one nearer this, which is continuous across the ranges (less than a
+            half turn from their middle). "w >= 0" is not: a gripper pointing down has w ~ 0, and
+            its sign, so the observed x, flipped at the home yaw.
     """
 
     COMPONENTS = ("pos_x", "pos_y", "pos_z", "roll", "pitch", "yaw")
     OPTIONAL = {"roll": 0.0, "pitch": 0.0, "yaw": 0.0}
 
+    def __init__(self, env, cfg):
+        super().__init__(env, cfg)
+        roll, pitch, yaw = self.ranges[3:].mean(dim=1)
+        self.reference = quat_from_euler_xyz(roll, pitch, yaw)
+
     @property
     def dim(self) -> int:
         return 7
 
+    def canonical(self, pose: torch.Tensor) -> torch.Tensor:
+        """(..., 7) ``pose`` with its quaternion in :attr:`reference`'s hemisphere."""
+        quat = pose[..., 3:7]
+        return torch.cat([pose[..., :3], torch.where((quat * self.reference).sum(-1, keepdim=True) < 0, -quat, quat)], -1)
+
     def sample(self) -> torch.Tensor:
         draw = super().sample()
-        return torch.cat([draw[:, :3], quat_from_euler_xyz(draw[:, 3], draw[:, 4], draw[:, 5])], dim=-1)
+        return self.canonical(torch.cat([draw[:, :3], quat_from_euler_xyz(draw[:, 3], draw[:, 4], draw[:, 5])], dim=-1))
+
+    def hold(self, value) -> None:
+        super().hold(self.canonical(torch.as_tensor(value, dtype=torch.float32, device=self.env.device)))
 
     def target_quat_w(self) -> torch.Tensor:
         """(num_envs, 4) the target orientation in the world frame."""
