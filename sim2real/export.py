@@ -114,6 +114,9 @@ def build_metadata(loaded, actor) -> dict:
         return [float(f"{v:.7g}") for v in t.reshape(-1).tolist()] if t.dim() <= 1 else [floats(r) for r in t]
 
     nominal = robot.defaults  # world 0 holds the model's own values before randomization
+    command = dataclasses.asdict(task.command) if task.command else None
+    if hasattr(env.command, "reference"):  # a pose command's quaternion takes this one's sign (PoseCommand)
+        command["quat_reference"] = floats(env.command.reference)
     return {
         "metadata_version": 2,
         "legion_version": legion_version(),
@@ -135,10 +138,7 @@ def build_metadata(loaded, actor) -> dict:
         "physics_dt": float(env.sim.physics_dt),
         "decimation": int(env.sim.decimation),
         "observation": {"groups": list(actor.obs_groups), "size": start, "terms": terms},
-        # A pose command's quaternion takes the sign of quat_reference's hemisphere (PoseCommand).
-        "command": {**dataclasses.asdict(task.command), **({"quat_reference": floats(env.command.reference)}
-                                                           if hasattr(env.command, "reference") else {})}
-                   if task.command else None,
+        "command": command,
         "randomization": randomization,
         "ground_friction": task.scene.ground.friction if task.scene.ground else None,
         "tracking": tracking,
