@@ -405,7 +405,7 @@ class PolicyRunner:
     def act(self, state: dict, command=None) -> np.ndarray:
         """Joint position targets of the action's joints [rad or m] for this state and command:
         default + scale * action, or (``joint_position_delta``) the previous targets + scale *
-        action within the joint limits.
+        action, within the joint limits (as in training).
 
         Also keeps the observation (``last_obs``) and action (``last_action``) it used. Never
         returns a non-finite target: raises :class:`NonFiniteError` instead (and then keeps the
@@ -419,9 +419,10 @@ class PolicyRunner:
         if self.action_delta:
             if self.targets is None:  # an episode starts from the joint positions it is in
                 self.targets = np.asarray(state["joint_pos"], np.float32)[self.action_joint_ids]
-            targets = np.clip(self.targets + self.action_scale * action, *self.action_limits.T)
+            targets = self.targets + self.action_scale * action
         else:
             targets = self.action_offset + self.action_scale * action
+        targets = np.clip(targets, *self.action_limits.T)
         if not math.isfinite(sum(targets.tolist())):
             raise NonFiniteError("non-finite policy output (NaN or Inf) for a finite observation: the ONNX model "
                                  "is broken. Re-export it (legion export verifies the file before writing it).")

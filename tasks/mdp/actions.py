@@ -13,8 +13,11 @@ import torch
 
 
 class JointPositionAction:
-    """Position-PD targets: ``target = default + scale * action``; the PD gains are the robot's
-    (``joint_stiffness`` / ``joint_damping``), applied by the solver at every physics step."""
+    """Position-PD targets: ``target = default + scale * action``, clamped to the joint limits; the
+    PD gains are the robot's (``joint_stiffness`` / ``joint_damping``), applied by the solver at
+    every physics step. The clamp is the robot's own: a target past a limit cannot be reached, and
+    the PD would push the joint through the solver's soft limit with its full effort (a gripper's
+    fingers squeezed 1 cm past their stroke)."""
 
     def __init__(self, env, joints: str = ".*", scale: float = 1.0, clip: float | None = None):
         self.env, self.scale, self.clip = env, scale, clip
@@ -58,7 +61,9 @@ class JointPositionAction:
         return self._history[(self._head - self.delay) % size, self._env_index]
 
     def apply(self, actions: torch.Tensor) -> None:
-        self.env.robot.joint_pos_target[:, self.joint_ids] = self.offset + self.scale * self._delayed(actions)
+        robot, ids = self.env.robot, self.joint_ids
+        targets = self.offset + self.scale * self._delayed(actions)
+        robot.joint_pos_target[:, ids] = targets.clamp(robot.joint_limits[ids, 0], robot.joint_limits[ids, 1])
 
     def applied_torque(self) -> torch.Tensor:
         """(num_envs, dim) [N m]: the PD torque on the driven joints, clipped to the (per-env) effort limits."""
