@@ -82,7 +82,7 @@ def test_the_closed_gripper_holds_a_cube_5_s_with_under_5_mm_slip_and_released_i
     def offset():  # the cube's centre relative to the tool centre point [m]
         return cube.root_pos_w[0] - robot.body_pos_w[0, tcp]
 
-    robot.joint_pos_target[:, robot.find_joints("finger_joint1")] = -0.02  # close: squeeze with ~20 N
+    robot.joint_pos_target[:, robot.find_joints("finger_joint1")] = 0.0  # closed: the stroke's end, ~12 N on the cube
     for _ in range(steps_per_s // 5):
         sim.step()
     grasped = offset().clone()
@@ -98,6 +98,34 @@ def test_the_closed_gripper_holds_a_cube_5_s_with_under_5_mm_slip_and_released_i
         sim.step()
     assert offset()[2] < -0.3  # fell towards the table
     assert robot.joint_pos[0, 7:].tolist() == pytest.approx([0.04, 0.04], abs=1e-3)
+
+
+def test_lift_terms_pay_a_cube_squeezed_in_the_hand_not_one_dropped_knocked_away_or_pressed_on():
+    """arm_lift with 3 worlds at the home pose, the cube put between the open fingers. The finger
+    action asks for targets far past the 0-0.04 m stroke (0.04 -/+ 0.5 m); the targets stop at
+    the stroke's ends. Closed fingers squeeze the cube, open ones drop it."""
+    from legion.tasks.manipulation.terms import object_grasped, object_lifted
+
+    tcp = dh_tcp(np.array(HOME[:7]))[:3, 3].tolist()
+    env = make_env("task=arm_lift", "sim.num_envs=3", "~task.events.cube_position", "~task.events.joint_pos_offset",
+                   f"task.scene.objects.cube.pos=[{tcp[0]},{tcp[1]},{tcp[2]}]")
+    fingers = torch.tensor(env.robot.find_bodies(".*_finger"))
+    actions = torch.zeros(3, 8)
+    actions[:, 7] = torch.tensor([-1.0, 1.0, -1.0])  # close, open, close
+    for _ in range(50):  # 1 s: the dropped cube lands on the table
+        env.step(actions)
+    assert env.robot.joint_pos_target[:, 7].tolist() == pytest.approx([0.0, 0.04, 0.0], abs=1e-7)
+    assert object_grasped(env, fingers).tolist() == [1.0, 0.0, 1.0]
+    assert object_lifted(env, 0.05, fingers).tolist() == [1.0, 0.0, 1.0]
+    squeeze = env.robot.contact_forces_w[0, fingers].clone()
+    # A cube knocked into the air, 20 cm beside the hand, is lifted but not held: no lift reward.
+    env.scene["cube"].root_pos_w[2, 1] += 0.2
+    assert object_lifted(env, 0.05, fingers).tolist() == [1.0, 0.0, 0.0]
+    # The same force along the fingers (world z: fingertips pressed on a table) is no squeeze.
+    env.robot.contact_forces_w[0, fingers] = torch.tensor([0.0, 0.0, 1.0]) * squeeze.norm(dim=-1, keepdim=True)
+    assert object_grasped(env, fingers)[0] == 0.0
+    env.robot.contact_forces_w[0, fingers] = squeeze
+    assert object_grasped(env, fingers)[0] == 1.0
 
 
 @pytest.fixture(scope="module")
@@ -258,10 +286,10 @@ def test_a_short_training_of_arm_reach_improves_its_reward():
 
 def test_a_short_training_of_arm_lift_moves_the_gripper_to_the_cube():
     """40 iterations of 128 envs (123k steps): the reach stage comes first; the deterministic
-    policy's 2 s return (reach reward: 1 per second at the cube) rises from ~0 to more than 0.05, a
-    third of the rise seen (0.0002 -> 0.157)."""
+    policy's 2 s return (the two reach terms: up to 2 per second at the cube) rises by more than
+    0.3, a third of the rise seen (0.135 -> 1.075)."""
     before, after = short_training(make_runner("task=arm_lift", "sim.num_envs=128"), 40)
-    assert before["return"] < 0.001 and after["return"] > 0.05
+    assert after["return"] > before["return"] + 0.3
 
 
 # --- export and the edge runtime ----------------------------------------------------------------
@@ -310,6 +338,17 @@ def test_arm_policies_export_and_the_edge_runtime_acts_as_the_env(exported):
     errors = lockstep_errors(env, actor, runtime, lambda env: arm_state(env, 0))
     assert max(errors.values()) <= 1e-5, errors
     assert np.abs(runtime.last_action).max() > 0.05
+    # Targets asked past the joint limits stop at them, in both (the action scale made 100x).
+    scale = env.action.scale
+    env.action.scale, runtime.action_scale = 100 * scale, 100 * runtime.action_scale
+    try:
+        errors = lockstep_errors(env, actor, runtime, lambda env: arm_state(env, 0), steps=3)
+    finally:
+        env.action.scale = scale
+    limits = env.robot.joint_limits[env.action.joint_ids].numpy()
+    targets = env.robot.joint_pos_target[0, env.action.joint_ids].numpy()
+    assert max(errors.values()) <= 1e-5, errors
+    assert np.isclose(targets[:, None], limits).any(axis=1).sum() >= 3  # most actions ask for more than the range
 
 
 @pytest.mark.parametrize("exported", ["arm_reach"], indirect=True)

@@ -26,31 +26,46 @@ def reach_object(env, std: float, bodies="tcp", object: str = "cube") -> torch.T
     return 1.0 - torch.tanh(distance / std)
 
 
-def object_grasped(env, bodies, pad=(0.0, 0.0, 0.0275), object: str = "cube", max_distance: float = 0.02,
-                   threshold: float = 1.0) -> torch.Tensor:
-    """1 while the object is held between the fingers (``bodies``): every finger presses on
-    something with more than ``threshold`` [N], and the object's centre is within ``max_distance``
-    [m] of the mean of the fingers' grasp points (``pad``: a point in each finger's frame [m])."""
+def _grasp_point_distance(env, bodies, pad, object: str) -> torch.Tensor:
+    """(num_envs,) [m] from the object's centre to the mean of the fingers' grasp points (``pad``:
+    a point in each finger's frame [m], e.g. the middle of its pad)."""
     robot = env.robot
-    pressing = torch.all(torch.norm(robot.contact_forces_w[:, bodies], dim=-1) > threshold, dim=1)
     quat = robot.body_quat_w[:, bodies]
     offset = torch.empty_like(quat[..., :3])
     for axis, value in enumerate(pad):  # filled on the device: a tensor made from `pad` would be a host copy per step
         offset[..., axis] = value
     points = robot.body_pos_w[:, bodies] + quat_rotate(quat, offset)
-    near = torch.norm(points.mean(dim=1) - env.scene[object].root_pos_w, dim=-1) < max_distance
-    return (pressing & near).float()
+    return torch.norm(points.mean(dim=1) - env.scene[object].root_pos_w, dim=-1)
 
 
-def object_lifted(env, height: float, object: str = "cube") -> torch.Tensor:
-    """1 while the object's centre is more than ``height`` [m] above the robot's base."""
-    return (object_position(env, object)[:, 2] > height).float()
+def object_grasped(env, bodies, pad=(0.0, 0.0, 0.0275), opening_axis: int = 1, object: str = "cube",
+                   max_distance: float = 0.03, threshold: float = 1.0) -> torch.Tensor:
+    """1 while the fingers (``bodies``) squeeze the object: each finger is pushed open (along its
+    frame's ``opening_axis``, 0 x, 1 y, 2 z) by more than ``threshold`` [N], and the object's centre
+    is within ``max_distance`` [m] of the mean of the fingers' grasp points (``pad``, in each
+    finger's frame [m]). A finger pressed on the table beside the object is pushed along its
+    length, not open, and does not count."""
+    robot = env.robot
+    force = quat_rotate_inverse(robot.body_quat_w[:, bodies], robot.contact_forces_w[:, bodies])
+    squeezed = torch.all(force[..., opening_axis] > threshold, dim=1)
+    return (squeezed & (_grasp_point_distance(env, bodies, pad, object) < max_distance)).float()
 
 
-def object_goal_tanh(env, std: float, height: float, object: str = "cube") -> torch.Tensor:
-    """(1 - tanh(distance to the commanded position / std)) while the object is lifted above
-    ``height`` [m]; 0 on the table (the stage after lifting)."""
-    return object_lifted(env, height, object) * (1.0 - torch.tanh(env.command.position_error() / std))
+def object_lifted(env, height: float, bodies, pad=(0.0, 0.0, 0.0275), max_distance: float = 0.03,
+                  object: str = "cube") -> torch.Tensor:
+    """1 while the object is in the hand (its centre within ``max_distance`` [m] of the fingers'
+    grasp points, as in :func:`object_grasped`) and more than ``height`` [m] above the robot's
+    base. An object knocked into the air is not in the hand and earns nothing."""
+    lifted = object_position(env, object)[:, 2] > height
+    return (lifted & (_grasp_point_distance(env, bodies, pad, object) < max_distance)).float()
+
+
+def object_goal_tanh(env, std: float, height: float, bodies, pad=(0.0, 0.0, 0.0275), max_distance: float = 0.03,
+                     object: str = "cube") -> torch.Tensor:
+    """(1 - tanh(distance to the commanded position / std)) while the object is lifted in the hand
+    (:func:`object_lifted`); 0 otherwise (the stage after lifting)."""
+    held = object_lifted(env, height, bodies, pad, max_distance, object)
+    return held * (1.0 - torch.tanh(env.command.position_error() / std))
 
 
 # --- terminations ------------------------------------------------------------------------------
