@@ -163,6 +163,9 @@ class Action:
     joints: str = ".*"  # the actuated joints this action drives (regex)
     scale: float = 1.0
     clip: Optional[float] = None  # clip the policy's output to [-clip, clip]
+    # joint_position: clamp the targets to the joint limits, as a robot that rejects targets past
+    # them does (a gripper's stroke); joint_position_delta always does
+    clamp_to_limits: bool = False
 
 
 @dataclass

@@ -141,7 +141,8 @@ class LegionEnv(VecEnv):
         action = task.action
         if action.type not in mdp.ACTIONS:
             raise ValueError(f"task.action.type: unknown '{action.type}'. Available: {sorted(mdp.ACTIONS)}")
-        self.action = mdp.ACTIONS[action.type](self, joints=action.joints, scale=action.scale, clip=action.clip)
+        self.action = mdp.ACTIONS[action.type](self, joints=action.joints, scale=action.scale, clip=action.clip,
+                                                  clamp_to_limits=action.clamp_to_limits)
         self.num_actions = self.action.dim
         self.command = None
         if task.command is not None:

@@ -305,6 +305,7 @@ class PolicyRunner:
         self.action_scale = np.asarray(action["scale"], np.float32)
         self.action_offset = np.asarray(action["offset"], np.float32)
         self.action_clip = action.get("clip")
+        self.action_clamp = action.get("clamp_to_limits", False)  # absent before metadata carried it
         self.terms = []  # (name, function, size)
         low, high, scale = [], [], []  # per observation element: the clip range and the scale
         for term in meta["observation"]["terms"]:
@@ -404,8 +405,8 @@ class PolicyRunner:
 
     def act(self, state: dict, command=None) -> np.ndarray:
         """Joint position targets of the action's joints [rad or m] for this state and command:
-        default + scale * action, or (``joint_position_delta``) the previous targets + scale *
-        action, within the joint limits (as in training).
+        default + scale * action (within the joint limits if the action clamps to them), or
+        (``joint_position_delta``) the previous targets + scale * action within the joint limits.
 
         Also keeps the observation (``last_obs``) and action (``last_action``) it used. Never
         returns a non-finite target: raises :class:`NonFiniteError` instead (and then keeps the
@@ -419,10 +420,11 @@ class PolicyRunner:
         if self.action_delta:
             if self.targets is None:  # an episode starts from the joint positions it is in
                 self.targets = np.asarray(state["joint_pos"], np.float32)[self.action_joint_ids]
-            targets = self.targets + self.action_scale * action
+            targets = np.clip(self.targets + self.action_scale * action, *self.action_limits.T)
         else:
             targets = self.action_offset + self.action_scale * action
-        targets = np.clip(targets, *self.action_limits.T)
+            if self.action_clamp:
+                targets = np.clip(targets, *self.action_limits.T)
         if not math.isfinite(sum(targets.tolist())):
             raise NonFiniteError("non-finite policy output (NaN or Inf) for a finite observation: the ONNX model "
                                  "is broken. Re-export it (legion export verifies the file before writing it).")

@@ -13,14 +13,15 @@ import torch
 
 
 class JointPositionAction:
-    """Position-PD targets: ``target = default + scale * action``, clamped to the joint limits; the
-    PD gains are the robot's (``joint_stiffness`` / ``joint_damping``), applied by the solver at
-    every physics step. The clamp is the robot's own: a target past a limit cannot be reached, and
-    the PD would push the joint through the solver's soft limit with its full effort (a gripper's
-    fingers squeezed 1 cm past their stroke)."""
+    """Position-PD targets: ``target = default + scale * action``, clamped to the joint limits if
+    ``clamp_to_limits``; the PD gains are the robot's (``joint_stiffness`` / ``joint_damping``),
+    applied by the solver at every physics step. Unclamped, a target past a limit makes the PD
+    push the joint through the solver's soft limit with its full effort (a gripper's fingers
+    squeezed 1 cm past their stroke)."""
 
-    def __init__(self, env, joints: str = ".*", scale: float = 1.0, clip: float | None = None):
-        self.env, self.scale, self.clip = env, scale, clip
+    def __init__(self, env, joints: str = ".*", scale: float = 1.0, clip: float | None = None,
+                 clamp_to_limits: bool = False):
+        self.env, self.scale, self.clip, self.clamp_to_limits = env, scale, clip, clamp_to_limits
         self.joint_ids = torch.tensor(env.robot.find_joints(joints), dtype=torch.long, device=env.device)
         self.actions = torch.zeros(env.num_envs, len(self.joint_ids), device=env.device)
         self.prev_actions = torch.zeros_like(self.actions)
@@ -63,7 +64,9 @@ class JointPositionAction:
     def apply(self, actions: torch.Tensor) -> None:
         robot, ids = self.env.robot, self.joint_ids
         targets = self.offset + self.scale * self._delayed(actions)
-        robot.joint_pos_target[:, ids] = targets.clamp(robot.joint_limits[ids, 0], robot.joint_limits[ids, 1])
+        if self.clamp_to_limits:
+            targets = targets.clamp(robot.joint_limits[ids, 0], robot.joint_limits[ids, 1])
+        robot.joint_pos_target[:, ids] = targets
 
     def applied_torque(self) -> torch.Tensor:
         """(num_envs, dim) [N m]: the PD torque on the driven joints, clipped to the (per-env) effort limits."""
