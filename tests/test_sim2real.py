@@ -109,7 +109,7 @@ def test_metadata_round_trip(trained):
     assert meta["joint_names"] == robot.joint_names
     assert meta["default_joint_pos"] == pytest.approx(robot.default_joint_pos[0].tolist(), abs=1e-6)
     assert meta["action"] == {"type": "joint_position", "joint_ids": list(range(12)), "scale": 0.25,
-                              "offset": meta["default_joint_pos"], "clip": None}
+                              "offset": meta["default_joint_pos"], "clip": None, "clamp_to_limits": False}
     assert meta["joint_stiffness"] == [80.0] * 12 and meta["joint_damping"] == [2.0] * 12
     assert meta["effort_limits"] == pytest.approx([23.7, 23.7, 45.43] * 4)
     assert np.allclose(meta["joint_limits"], robot.joint_limits.numpy(), atol=1e-6)
