@@ -9,7 +9,8 @@ gives the time to goal: locomotion "walks" (forward tracking error < 0.1 m/s and
 all commands); goal tasks (arm_reach, arm_lift) a success rate >= --success-goal (0.97).
 
 Writes bench/results/learning_<task>.json (per evaluation: training time, iteration, env-steps,
-training reward, the summary metrics, and the full `legion eval` rows), bench/results/learning_<task>.png
+training reward, the summary metrics, the full `legion eval` rows and, for goal tasks, each reward
+term per second of episode: the stages a staged task's policy reaches), bench/results/learning_<task>.png
 (tracking error and falls, or success rate and final error, and training reward against minutes
 of training) and prints a markdown table. The run itself (config, checkpoints, TensorBoard) goes
 to runs/<task>/<date>_learning.
@@ -143,9 +144,11 @@ def main():
         row = summarize(report, train_s, runner.iteration, runner.iteration * samples, runner.mean_episode_return,
                         args.success_goal)
         rows.append(row)
-        evaluations.append({"train_min": row["train_min"], "iteration": row["iteration"], "rows": report["rows"]})
+        evaluations.append({"train_min": row["train_min"], "iteration": row["iteration"], "rows": report["rows"],
+                            "rewards": report.get("rewards")})
         if "success_rate" in row:
-            what = f"success {row['success_rate']:.1%}, final error {100 * row['final_position_error_m']:.1f} cm"
+            what = (f"success {row['success_rate']:.1%}, final error {100 * row['final_position_error_m']:.1f} cm; "
+                    "reward per second " + ", ".join(f"{k} {v:.3g}" for k, v in report["rewards"].items()))
         else:
             forward = row["forward_error"]
             what = f"forward error {forward if forward is None else round(forward, 3)}, falls {row['fall_rate']:.0%}"

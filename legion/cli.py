@@ -132,7 +132,9 @@ on `envs` envs, the task's own commands (commands= and duration_s= do not apply)
   time_to_success_s            mean episode time at which that hold was complete (successes only)
   final_position_error_m       mean distance of the commanded body from its goal at the end [m]
   final_orientation_error_rad  the same for orientation (pose commands) [rad]
-  The PNG shows each episode's final error and the times to success.
+  and each reward term per second of episode, as TensorBoard's Episode_Reward/<term> (for arm_lift
+  the stages the policy reaches: grasp, lift, bring). The PNG shows each episode's final error and
+  the times to success.
   randomization=trained  every event term as the run configures it (pushes, friction, ...; default)
   randomization=off      none: default pose, level, at rest, the model's own physical parameters
 

@@ -255,8 +255,11 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
     commanded body's distance and angle from the command at the start of the episode's last
     control step: the step that ends an episode also resets its world), means; ``None`` where
     nothing was measured (no success; a position command has no orientation). ``summary``: mean,
-    median and max of each; ``series["episodes"]``: one record per episode (with its world, ``env``),
-    in the order they ended. Every world counts ``ceil(episodes / num_envs)`` episodes at most.
+    median and max of each; ``rewards``: each reward term's mean over the episodes, per second of
+    episode as in training's ``Episode_Reward/<term>`` (for staged tasks the stages the policy
+    reaches: grasp, lift, bring); ``series["episodes"]``: one record per episode (with its world,
+    ``env``, and its ``rewards``), in the order they ended. Every world counts
+    ``ceil(episodes / num_envs)`` episodes at most.
     """
     env = loaded.env
     if env.success is None:
@@ -270,11 +273,14 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
     # Each world counts as many episodes: counting the first to end would over-count worlds whose
     # episodes end early (failures that terminate; a cube drawn hard to hold) and bias the rate down.
     quota, counted = math.ceil(options.episodes / env.num_envs), [0] * env.num_envs
+    episode_s = env.max_episode_length * env.step_dt  # the env's Episode_Reward normalization
     obs = env.reset()
     policy.reset()
     while len(records) < options.episodes:
         position_error = command.position_error()
         orientation_error = command.orientation_error() if has_orientation else None
+        # The step that ends an episode also zeroes its sums: keep them (its own reward is added below).
+        sums = {name: s.clone() for name, s in env.episode_sums.items()}
         obs, _, dones, _ = env.step(policy(obs))
         policy.reset(dones)
         ended = dones.nonzero().squeeze(-1).tolist()  # one read-back per step: evaluation, not training
@@ -289,6 +295,7 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
                 "time_to_success_s": float(env.success.last_time_s[i]) if success else None,
                 "final_position_error_m": float(position_error[i]),
                 "final_orientation_error_rad": float(orientation_error[i]) if has_orientation else None,
+                "rewards": {name: float(sums[name][i] + env.reward_values[name][i]) / episode_s for name in sums},
             })
 
     def summary(key: str) -> dict | None:
@@ -301,7 +308,8 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
     summaries = {k: summary(k) for k in keys}
     row = {"episodes": len(records), "success_rate": sum(r["success"] for r in records) / len(records),
            **{k: s["mean"] if s else None for k, s in summaries.items()}}
-    return {"rows": [row], "summary": summaries, "series": {"episodes": records}}
+    rewards = {name: statistics.fmean(r["rewards"][name] for r in records) for name in env.episode_sums}
+    return {"rows": [row], "summary": summaries, "rewards": rewards, "series": {"episodes": records}}
 
 
 def plot_goals(report: dict, path: Path) -> None:
@@ -374,6 +382,8 @@ def table(report: dict) -> str:
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     if any(r.get("clamped") for r in rows):
         lines.append("* clamped to the task's command ranges")
+    if "rewards" in report:
+        lines.append("reward per second of episode: " + ", ".join(f"{k} {v:.3g}" for k, v in report["rewards"].items()))
     return "\n".join(lines)
 
 
