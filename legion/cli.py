@@ -274,9 +274,13 @@ def _flag(name: str, value: str) -> bool:
     return value.lower() == "true"
 
 
-def _print_episode(k: int, episode) -> None:
-    cause = "time out" if episode.attrs["time_out"] else "terminated"
-    print(f"episode {k + 1}: return {episode.attrs['return']:8.3f}  length {episode.length:5d}  ({cause})", flush=True)
+def _print_episode(k: int, episode_return: float, length: int, time_out: bool) -> None:
+    cause = "time out" if time_out else "terminated"
+    print(f"episode {k + 1}: return {episode_return:8.3f}  length {length:5d}  ({cause})", flush=True)
+
+
+def _print_recorded_episode(k: int, episode) -> None:
+    _print_episode(k, episode.attrs["return"], episode.length, episode.attrs["time_out"])
 
 
 def play(args: list[str]) -> None:
@@ -299,13 +303,12 @@ def play(args: list[str]) -> None:
         print(f"[legion] playing {run} for {episodes} episodes" + (f", recording into {out}" if out else "")
               + (f", videos into {video_dir}" if video else ""), flush=True)
         record_run(run, episodes, out, video_dir, options["checkpoint"], overrides, overwrite,
-                   on_episode=_print_episode)
+                   on_episode=_print_recorded_episode)
         return
     loaded = runs.load_run(run, options["checkpoint"], overrides)
     print(f"[legion] playing {loaded.checkpoint} on {loaded.env.num_envs} envs of {loaded.settings.task.name}", flush=True)
     for i, episode in enumerate(runs.play(loaded, episodes)):
-        cause = "time out" if episode["time_out"] else "terminated"
-        print(f"episode {i + 1}: return {episode['return']:8.3f}  length {episode['length']:5d}  ({cause})", flush=True)
+        _print_episode(i, episode["return"], episode["length"], episode["time_out"])
 
 
 def evaluate(args: list[str]) -> None:
@@ -366,7 +369,7 @@ def record(args: list[str]) -> None:
         run / "trajectories" / f"{datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}.h5"
     video_dir = out.with_name(out.stem + "_videos") if video else None
     print(f"[legion] recording {episodes} episodes of {run} into {out}", flush=True)
-    record_run(run, episodes, out, video_dir, options["checkpoint"], overrides, overwrite, on_episode=_print_episode)
+    record_run(run, episodes, out, video_dir, options["checkpoint"], overrides, overwrite, on_episode=_print_recorded_episode)
     print(f"[legion] wrote {out}" + (f" and {video_dir}" if video else ""), flush=True)
 
 
