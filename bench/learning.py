@@ -148,7 +148,7 @@ def main():
                             "rewards": report.get("rewards")})
         if "success_rate" in row:
             what = (f"success {row['success_rate']:.1%}, final error {100 * row['final_position_error_m']:.1f} cm; "
-                    "reward per second " + ", ".join(f"{k} {v:.3g}" for k, v in report["rewards"].items()))
+                    + evaluation.reward_line(report["rewards"]))
         else:
             forward = row["forward_error"]
             what = f"forward error {forward if forward is None else round(forward, 3)}, falls {row['fall_rate']:.0%}"

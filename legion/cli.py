@@ -369,7 +369,8 @@ def record(args: list[str]) -> None:
         run / "trajectories" / f"{datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}.h5"
     video_dir = out.with_name(out.stem + "_videos") if video else None
     print(f"[legion] recording {episodes} episodes of {run} into {out}", flush=True)
-    record_run(run, episodes, out, video_dir, options["checkpoint"], overrides, overwrite, on_episode=_print_recorded_episode)
+    record_run(run, episodes, out, video_dir, options["checkpoint"], overrides, overwrite,
+               on_episode=_print_recorded_episode)
     print(f"[legion] wrote {out}" + (f" and {video_dir}" if video else ""), flush=True)
 
 

@@ -383,8 +383,13 @@ def table(report: dict) -> str:
     if any(r.get("clamped") for r in rows):
         lines.append("* clamped to the task's command ranges")
     if "rewards" in report:
-        lines.append("reward per second of episode: " + ", ".join(f"{k} {v:.3g}" for k, v in report["rewards"].items()))
+        lines.append(reward_line(report["rewards"]))
     return "\n".join(lines)
+
+
+def reward_line(rewards: dict[str, float]) -> str:
+    """A goal report's ``rewards`` as one line: each term per second of episode."""
+    return "reward per second of episode: " + ", ".join(f"{k} {v:.3g}" for k, v in rewards.items())
 
 
 def write(report: dict, out_dir: str | Path) -> list[Path]:

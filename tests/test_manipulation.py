@@ -384,7 +384,8 @@ def test_eval_reports_success_time_and_final_errors(exported, tmp_path):
         assert "success_rate" in table(metrics["report"]) and "100%" in table(metrics["report"])
         # Each reward term per second of episode, as training logs it: on target the tanh term pays its weight.
         rewards = metrics["report"]["rewards"]
-        assert rewards["position_tanh"] == pytest.approx(0.5, abs=0.01) and rewards["position_error"] == pytest.approx(0.0, abs=1e-3)
+        assert rewards["position_tanh"] == pytest.approx(0.5, abs=0.01)
+        assert rewards["position_error"] == pytest.approx(0.0, abs=1e-3)
         assert "reward per second of episode: position_error" in table(metrics["report"])
         json_path, png_path = write(metrics["report"], tmp_path)
         assert json.loads(json_path.read_text())["rows"][0]["episodes"] == 6 and png_path.stat().st_size > 5000
@@ -393,7 +394,8 @@ def test_eval_reports_success_time_and_final_errors(exported, tmp_path):
         assert metrics["success_rate"] == 0.0 and metrics["time_to_success_s"] is None
         assert metrics["final_position_error_m"]["mean"] == pytest.approx(0.05, abs=1e-3)
         rewards = metrics["report"]["rewards"]  # 5 cm off: 0.5 (1 - tanh(0.05 / 0.1)) and -0.2 * 0.05
-        assert rewards["position_tanh"] == pytest.approx(0.269, abs=0.005) and rewards["position_error"] == pytest.approx(-0.01, abs=5e-4)
+        assert rewards["position_tanh"] == pytest.approx(0.269, abs=0.005)
+        assert rewards["position_error"] == pytest.approx(-0.01, abs=5e-4)
         # Worlds 1 and 3 fail at once in every episode (a termination): they count as many episodes
         # as worlds 0 and 2, which succeed, not more for ending sooner.
         env.command.hold(tcp_pose(env))
