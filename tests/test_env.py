@@ -177,3 +177,67 @@ def test_an_env_stepped_in_inference_mode_resets_and_steps_outside_it(task):
     env.reset()
     obs, rewards, dones, _ = env.step(torch.zeros(2, env.num_actions))
     assert torch.isfinite(obs["policy"]).all() and torch.isfinite(rewards).all() and not dones.any()
+
+
+# What a step returns or recomputes from scratch every time: outputs, not state carried over.
+STEP_OUTPUTS = {"time_outs", "terminated", "_observations", "extras", "reward_values"}
+
+
+def carried_state(env) -> dict[str, object]:
+    """Everything the env and its parts (action, command, events, success, contacts, terrain
+    levels, term buffers, the sim's views) hold between steps, by attribute path: for a tensor its
+    storage address, for a Python number its value."""
+    found, seen = {}, set()
+
+    def visit(obj, path):
+        if id(obj) in seen:
+            return
+        if isinstance(obj, torch.Tensor):
+            found[path] = ("tensor", obj.data_ptr(), tuple(obj.shape))
+        elif isinstance(obj, (bool, int, float)):
+            found[path] = obj
+        elif isinstance(obj, dict):
+            seen.add(id(obj))
+            for key, value in obj.items():
+                visit(value, f"{path}[{key!r}]")
+        elif isinstance(obj, (list, tuple)):
+            seen.add(id(obj))
+            for i, value in enumerate(obj):
+                visit(value, f"{path}[{i}]")
+        elif type(obj).__module__.startswith("legion."):
+            seen.add(id(obj))
+            for key, value in vars(obj).items():
+                if not (obj is env and key in STEP_OUTPUTS):
+                    visit(value, f"{path}.{key}")
+
+    visit(env, "env")
+    return found
+
+
+@pytest.mark.parametrize("task", [
+    ("task=quadruped_rough", PUSHES, *SMALL_TERRAIN),  # terrain curriculum, pushes, every event term
+    ("task=arm_lift",),  # success tracker, position commands, object events
+], ids=["rough", "lift"])
+def test_the_env_step_keeps_its_state_in_place_as_a_captured_graph_needs(task):
+    """``sim.capture_step`` records one control step as a CUDA graph and replays it: a replay
+    writes to the memory the capture saw and repeats its Python-side values. So a step may carry
+    nothing over in a tensor it replaced (the replay would read the old one) nor in a Python
+    number it changed (the replay would repeat the captured one). Over steps with resets, command
+    resampling, pushes, action delays and every randomization term on, every carried tensor keeps
+    its storage and every carried number its value."""
+    from conftest import compose
+
+    names = compose(*task).task.events.keys()
+    env = make_env(*task, "sim.num_envs=8", "task.episode_length_s=0.1", "task.command.resampling_time_s=0.06",
+                   *(f"++task.events.{name}.enabled=true" for name in names))
+    env.step(torch.zeros(8, env.num_actions))
+    before = carried_state(env)
+    resets = torch.zeros(8, dtype=torch.long)
+    for _ in range(13):  # not a multiple of the action-delay ring's 3 slots
+        _, _, dones, _ = env.step(torch.randn(8, env.num_actions) * 0.3)
+        resets += dones
+    after = carried_state(env)
+    assert (resets >= 2).all()
+    changed = {path: (before.get(path), value) for path, value in after.items() if before.get(path) != value}
+    assert not changed, f"state replaced or changed on the host by a step: {changed}"
+

@@ -27,7 +27,9 @@ class JointPositionAction:
         self.prev_actions = torch.zeros_like(self.actions)
         self.delay = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)  # control steps
         self._history = self.actions[None].clone()  # (max_delay + 1, num_envs, dim) ring buffer
-        self._head = 0  # the slot of the newest action
+        # The slot of the newest action, on the device: a Python counter would be frozen in a
+        # captured step (sim.capture_step), whose replays repeat the value it had at capture.
+        self._head = torch.zeros((), dtype=torch.long, device=env.device)
         self._env_index = torch.arange(env.num_envs, device=env.device)
 
     @property
@@ -43,12 +45,14 @@ class JointPositionAction:
         """Delays the actions of the envs in ``mask`` by ``delay`` (num_envs,) whole control steps,
         all <= ``max_delay``."""
         size = max_delay + 1
-        if size > self._history.shape[0]:  # grow the ring, oldest slots first in line
-            old = torch.roll(self._history, -(self._head + 1), dims=0)  # oldest ... newest
-            pad = old[:1].expand(size - old.shape[0], -1, -1)
+        if size > self._history.shape[0]:  # grow the ring (once, as the env is built), oldest slots first in line
+            slots = self._history.shape[0]
+            order = (self._head + 1 + torch.arange(slots, device=self._head.device)) % slots
+            old = self._history[order]  # oldest ... newest
+            pad = old[:1].expand(size - slots, -1, -1)
             self._history = torch.cat([pad, old]).contiguous()
-            self._head = size - 1
-        self.delay = torch.where(mask, delay, self.delay)
+            self._head.fill_(size - 1)
+        self.delay.copy_(torch.where(mask, delay, self.delay))
 
     def _delayed(self, actions: torch.Tensor) -> torch.Tensor:
         """Records this step's actions and returns, per env, the one ``delay`` steps old."""
@@ -57,8 +61,8 @@ class JointPositionAction:
         size = self._history.shape[0]
         if size == 1:
             return self.actions
-        self._head = (self._head + 1) % size
-        self._history[self._head] = self.actions
+        self._head.copy_((self._head + 1) % size)
+        self._history.index_copy_(0, self._head[None], self.actions[None])
         return self._history[(self._head - self.delay) % size, self._env_index]
 
     def apply(self, actions: torch.Tensor) -> None:

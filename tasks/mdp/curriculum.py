@@ -55,11 +55,11 @@ class TerrainLevels:
             levels = self.levels + up.long() - down.long()
             beyond = torch.randint(0, self.terrain.num_levels, levels.shape, generator=env.generator, device=env.device)
             levels = torch.where(levels >= self.terrain.num_levels, beyond, levels.clamp(min=0))
-            self.levels = torch.where(ended, levels, self.levels)
+            self.levels.copy_(torch.where(ended, levels, self.levels))  # in place: a captured step replays
         self._place(mask)
 
     def _place(self, mask: torch.Tensor) -> None:
-        self.origins = torch.where(mask[:, None], self.terrain.origins[self.levels, self.columns], self.origins)
+        self.origins.copy_(torch.where(mask[:, None], self.terrain.origins[self.levels, self.columns], self.origins))
         for name, offset in self._offsets.items():
             pose = self.env.scene[name].default_root_pose
             pose[:, :3] = torch.where(mask[:, None], self.origins + offset, pose[:, :3])
@@ -76,5 +76,5 @@ class TerrainLevels:
             ranks = torch.linspace(0, saved.numel() - 1, n, device=saved.device).round().long()
             order = torch.randperm(n, generator=self.env.generator, device=self.levels.device)
             saved = saved.sort().values[ranks][order]
-        self.levels = saved.clone()
+        self.levels.copy_(saved)
         self._place(torch.ones(n, dtype=torch.bool, device=self.levels.device))

@@ -70,8 +70,12 @@ class EventTerm:
     only check the config, see :func:`legion.tasks.mdp.check`).
 
     Attributes:
-        low, high: the current range (a curriculum or :meth:`Events.set_range` moves it).
+        range: (2,) the current range [low, high] on the env's device (a curriculum or
+            :meth:`Events.set_range` moves it in place: a captured step reads it on every replay);
+            ``low`` and ``high`` read it back to the host (not for the hot path).
         configured: the range in the config, (low, high).
+        max_high: the highest ``high`` the range has been given (config, curriculum start,
+            :meth:`set_range`): for what is sized by the range, e.g. the action-delay buffer.
         values: (num_envs, k) the values last drawn for each env (NaN before its first draw),
             in the range's units; what ``legion randomization`` reports.
         time_left: (num_envs,) [s] until each env's next interval event (interval mode only).
@@ -90,7 +94,6 @@ class EventTerm:
             raise ValueError(f"{where}: unknown distribution '{self.distribution}'; "
                              f"choose one of {list(DISTRIBUTIONS)}.")
         self.configured = self._check_range(cfg.range, "range")
-        self.low, self.high = self.configured
         self.params = bind_params(func, cfg.params, where, leading=3, env=env)
         self.enabled = cfg.enabled
 
@@ -112,8 +115,12 @@ class EventTerm:
             if cfg.curriculum.steps <= 0:
                 raise ValueError(f"{where}.curriculum.steps: {cfg.curriculum.steps} must be > 0.")
             self.curriculum = (self._check_range(cfg.curriculum.start, "curriculum.start"), cfg.curriculum.steps)
-            self.low, self.high = self.curriculum[0]
+        first = self.curriculum[0] if self.curriculum else self.configured
+        self.max_high = max(first[1], self.configured[1])
         if env is not None:
+            self.range = torch.tensor(first, dtype=torch.float64, device=env.device)  # the config's numbers exactly
+            if self.curriculum:  # the schedule's ends, for Events.step to move the range on the device
+                self._schedule = torch.tensor([first, self.configured], dtype=torch.float64, device=env.device)
             self.values = torch.full((env.num_envs, 1), math.nan, device=env.device)
             if self.interval:
                 self.time_left = torch.zeros(env.num_envs, device=env.device)
@@ -128,8 +135,18 @@ class EventTerm:
             raise ValueError(f"{self.where}.{key}: log_uniform needs low > 0, got [{low}, {high}].")
         return low, high
 
+    @property
+    def low(self) -> float:
+        return float(self.range[0])
+
+    @property
+    def high(self) -> float:
+        return float(self.range[1])
+
     def set_range(self, low: float, high: float) -> None:
-        self.low, self.high = self._check_range((low, high), "range")
+        low, high = self._check_range((low, high), "range")
+        self.range[0], self.range[1] = low, high
+        self.max_high = max(self.max_high, high)
 
     def apply(self, mask: torch.Tensor) -> None:
         """Runs the term for the envs where ``mask`` (num_envs,) is set, drawing from the current range."""
@@ -138,17 +155,18 @@ class EventTerm:
     def _drawer(self, mask: torch.Tensor):
         def draw(*shape: int, integer: bool = False) -> torch.Tensor:
             n = self.env.num_envs
-            x = self._sample((n, *shape), self.low, self.high, integer)
+            x = self._sample((n, *shape), self.range[0], self.range[1], integer)
             flat = x.reshape(n, -1)
-            if self.values.shape[1] != flat.shape[1]:
-                self.values = torch.full((n, flat.shape[1]), math.nan, device=self.env.device)
-            self.values = where(mask, flat, self.values)
+            if self.values.shape[1] != flat.shape[1]:  # the first draw sets the width; maybe in a rollout,
+                with torch.inference_mode(False):  # so a normal tensor, updatable outside it too
+                    self.values = torch.full((n, flat.shape[1]), math.nan, device=self.env.device)
+            self.values.copy_(where(mask, flat, self.values))
             return x
 
-        draw.low, draw.high = self.low, self.high
+        draw.max = self.max_high
         return draw
 
-    def _sample(self, shape: tuple, low: float, high: float, integer: bool = False) -> torch.Tensor:
+    def _sample(self, shape: tuple, low: torch.Tensor, high: torch.Tensor, integer: bool = False) -> torch.Tensor:
         env = self.env
         if self.distribution == "gaussian":
             z = torch.randn(shape, generator=env.generator, device=env.device)
@@ -158,14 +176,14 @@ class EventTerm:
             if integer and self.distribution == "uniform":
                 return torch.floor(low + (high - low + 1) * u).clamp(max=high)
             if self.distribution == "log_uniform":
-                x = torch.exp(math.log(low) + (math.log(high) - math.log(low)) * u)
+                x = torch.exp(torch.log(low) + (torch.log(high) - torch.log(low)) * u)
             else:
                 x = low + (high - low) * u
         return x.round() if integer else x
 
     def redraw_intervals(self, mask: torch.Tensor) -> None:
         u = torch.rand(self.env.num_envs, generator=self.env.generator, device=self.env.device)
-        self.time_left = where(mask, self.interval[0] + (self.interval[1] - self.interval[0]) * u, self.time_left)
+        self.time_left.copy_(where(mask, self.interval[0] + (self.interval[1] - self.interval[0]) * u, self.time_left))
 
 
 class Events:
@@ -174,14 +192,14 @@ class Events:
 
     Attributes:
         terms: every configured term by name, enabled or not (disabled ones are checked, not run).
-        step_count: control steps since the env was built (drives curricula; saved by
-            :meth:`state_dict`).
+        step_count: () long, control steps since the env was built (drives curricula; saved by
+            :meth:`state_dict`). On the device, as the ranges: a captured step advances both.
     """
 
     def __init__(self, env, cfg: dict):
         self.env = env
         self.terms = {name: EventTerm(env, name, term) for name, term in cfg.items()}
-        self.step_count = 0
+        self.step_count = torch.zeros((), dtype=torch.long, device=env.device)
         self._parts: dict[str, torch.Tensor] = {}
 
     def part(self, name: str, like: torch.Tensor, fill: float) -> torch.Tensor:
@@ -207,10 +225,8 @@ class Events:
         self.step_count += 1
         for term in self.terms.values():
             if term.curriculum is not None and term.enabled:
-                (start_low, start_high), steps = term.curriculum
-                f = min(1.0, self.step_count / steps)
-                low, high = term.configured
-                term.low, term.high = start_low + f * (low - start_low), start_high + f * (high - start_high)
+                start, end = term._schedule
+                term.range.copy_(torch.lerp(start, end, (self.step_count / term.curriculum[1]).clamp(max=1.0)))
         for term in self.active("interval"):
             term.time_left -= dt
             due = term.time_left <= 1e-6
@@ -227,22 +243,27 @@ class Events:
     def ranges(self) -> dict[str, tuple[float, float]]:
         return {t.name: (t.low, t.high) for t in self.terms.values() if t.enabled}
 
-    def log(self) -> dict[str, float]:
-        """``Randomization/<term>_low`` and ``_high``: the current ranges, for TensorBoard."""
+    def log(self) -> dict[str, torch.Tensor]:
+        """``Randomization/<term>_low`` and ``_high``: the current ranges, for TensorBoard (device
+        tensors, read once per iteration by the runner)."""
+        terms = [t for t in self.terms.values() if t.enabled]
+        if not terms:
+            return {}
+        ranges = torch.stack([t.range for t in terms])  # a copy: the ranges themselves move on
         out = {}
-        for name, (low, high) in self.ranges().items():
-            out[f"Randomization/{name}_low"], out[f"Randomization/{name}_high"] = low, high
+        for term, (low, high) in zip(terms, ranges):
+            out[f"Randomization/{term.name}_low"], out[f"Randomization/{term.name}_high"] = low, high
         return out
 
     def state_dict(self) -> dict:
         return {
             "randomization": {t.name: {"range": [t.low, t.high], "distribution": t.distribution, "mode": t.mode}
                               for t in self.terms.values() if t.enabled},
-            "step_count": self.step_count,
+            "step_count": int(self.step_count),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.step_count = int(state.get("step_count", 0))
+        self.step_count.fill_(int(state.get("step_count", 0)))
         skipped = []
         for name, entry in state.get("randomization", {}).items():
             term = self.terms.get(name)
@@ -458,7 +479,7 @@ def joint_armature(env, mask, draw, joints=".*"):
 @event(modes=("startup", "reset"), domain=(0.0, math.inf))
 def action_delay(env, mask, draw):
     """Actuator latency: actions reach the joints U{range} whole control steps late, per env."""
-    env.action.set_delay(mask, draw(integer=True).long(), max_delay=int(draw.high))
+    env.action.set_delay(mask, draw(integer=True).long(), max_delay=int(draw.max))
 
 
 # --- world and sensing -----------------------------------------------------------------------
