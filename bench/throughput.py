@@ -4,7 +4,9 @@ For each num_envs: env-steps/s of LegionEnv.step with random actions (physics + 
 commands, rewards, terminations, resets, observations) and the world-steps/s of the decimated
 physics (NewtonSim.step, one captured Warp graph): on the CPU timed inside those same env steps,
 on CUDA as a loop of its own (every clock read after torch.cuda.synchronize). The overhead ratio
-is env time per control step over its physics time (1.20 = the env adds 20%).
+is env time per control step over its physics time (1.20 = the env adds 20%). On CUDA the env is
+also measured with the whole control step captured as one CUDA graph (``sim.capture_step=true``):
+its env-steps/s and its ratio to the same physics time.
 
 Then the cost of domain randomization, env-steps/s of five envs of the same size stepping in
 turns, 10 steps at a time (so a busy machine slows them alike):
@@ -38,17 +40,17 @@ def measure(num_envs: int, steps: int, device: str, task: str = "quadruped_flat"
         # Launches return before the GPU is done: synchronize before every clock read. Timing the
         # physics inside env.step would add synchronizations to the env step, so the decimated
         # physics alone runs as its own loop, after the env steps, from the states they left.
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for i in range(steps):
-            env.step(actions[i])
-        torch.cuda.synchronize()
-        env_s = time.perf_counter() - t0
+        env_s = _timed_steps(env, actions, steps)
         t0 = time.perf_counter()
         for _ in range(steps):
             env.sim.step()
         torch.cuda.synchronize()
         physics_s = time.perf_counter() - t0
+        captured = make_env(compose(f"task={task}", f"sim.num_envs={num_envs}", f"device={device}",
+                                    "sim.capture_step=true"))
+        for i in range(5):  # warm up: eager steps, then the capture
+            captured.step(actions[i])
+        captured_s = _timed_steps(captured, actions, steps)
     else:
         # On the CPU every call returns when its work is done: the physics time is measured inside
         # env.step, on the very steps the env takes, so both see the same states and contacts.
@@ -67,13 +69,26 @@ def measure(num_envs: int, steps: int, device: str, task: str = "quadruped_flat"
             env.step(actions[i])
         env_s = time.perf_counter() - t0
     decimation = env.sim.decimation
-    return {
+    row = {
         "num_envs": num_envs,
         "physics world-steps/s": steps * num_envs * decimation / physics_s,
         "physics control-steps/s (x num_envs)": steps * num_envs / physics_s,
         "env-steps/s": steps * num_envs / env_s,
         "overhead ratio": env_s / physics_s,
     }
+    if device.startswith("cuda"):
+        row.update({"captured env-steps/s": steps * num_envs / captured_s, "captured ratio": captured_s / physics_s})
+    return row
+
+
+def _timed_steps(env, actions: torch.Tensor, steps: int) -> float:
+    """Seconds for ``steps`` env steps on CUDA, the queue drained before and after."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        env.step(actions[i])
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
 
 
 def _synchronize(device: str) -> None:

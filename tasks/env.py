@@ -93,6 +93,73 @@ class SuccessTracker:
         return {"Episode_Success/rate": successes}
 
 
+class CapturedStep:
+    """The env's control step recorded once as a CUDA graph and replayed for every later step
+    (``sim.capture_step``; CUDA only).
+
+    On a GPU an eager step is dozens of small launches (action, commands, contact timers, terms,
+    resets by mask, observations) around the physics' one Warp graph, each costing the host more
+    time than the device spends on it at thousands of envs; a replay launches them all at once.
+    A replay repeats the captured kernels on the same memory, so the step keeps every piece of
+    state in place, on the device, and reads nothing back to the host (tests/test_env.py holds
+    it to both). The physics is captured inside the same graph: Warp joins torch's capture
+    (``wp.capture_begin(external=True)``) and NewtonSim launches its kernels into it.
+
+    The Python-side choices that shape a step (noise on or off, commands held, the number of
+    envs' after-physics hooks) are part of the capture: when one changes, the next steps run
+    eagerly again and then capture anew. After-physics hooks (a recorder) read the state on the
+    host, so with any registered the step runs eagerly.
+    """
+
+    WARMUP = 2  # eager steps before each capture: every kernel compiled and loaded, the allocator warm
+
+    def __init__(self, env: "LegionEnv"):
+        if not str(env.device).startswith("cuda"):
+            raise ValueError(f"sim.capture_step=true records the control step as a CUDA graph; device is "
+                             f"'{env.device}'. Use device=cuda:N, or sim.capture_step=false (on the CPU the "
+                             f"physics is already one Warp graph, sim.use_graph).")
+        self.env = env
+        self.actions = torch.zeros(env.num_envs, env.num_actions, device=env.device)  # the graph's input
+        self.graph, self.outputs, self.shape, self.eager_steps = None, None, None, 0
+
+    def step(self, actions: torch.Tensor) -> tuple[TensorDict, torch.Tensor, torch.Tensor, dict]:
+        env = self.env
+        shape = (env.noise_enabled, getattr(env.command, "held", None), len(env.after_physics))
+        if shape != self.shape:
+            self.graph, self.shape, self.eager_steps = None, shape, 0
+        self.actions.copy_(actions)
+        if env.after_physics or self.graph is None and self.eager_steps < self.WARMUP:
+            self.eager_steps += 1
+            return env._step(self.actions)
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        obs, rewards, dones, extras = self.outputs
+        env._observations = obs
+        # Copies: the next replay overwrites the graph's outputs, and rollout storage keeps
+        # references to a step's observations until after the next step.
+        extras = {**extras, "time_outs": extras["time_outs"].clone()}
+        return obs.clone(), rewards.clone(), dones.clone(), extras
+
+    def _capture(self) -> None:
+        import warp as wp
+
+        env = self.env
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(env.generator)  # resets, commands and noise draw from it
+        stream = torch.cuda.Stream(device=env.device)
+        # thread_local: the async runner's learner thread allocates and launches while the actor captures.
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            warp_stream = wp.stream_from_torch(stream)
+            with wp.ScopedStream(warp_stream, sync_enter=False):
+                wp.capture_begin(stream=warp_stream, external=True)
+                try:
+                    self.outputs = env._step(self.actions)
+                finally:
+                    wp.capture_end(stream=warp_stream)
+        self.graph = graph
+
+
 class LegionEnv(VecEnv):
     """A task on ``num_envs`` Newton worlds, behind rsl-rl's VecEnv.
 
@@ -173,6 +240,7 @@ class LegionEnv(VecEnv):
         self.events.apply("startup", torch.ones(self.num_envs, dtype=torch.bool, device=device))
         self.reset()
         self._layout = self._measure_layout()
+        self.captured = CapturedStep(self) if sim.capture_step else None
 
     # --- helpers for terms ----------------------------------------------------------------
     def uniform(self, low: float, high: float, shape: tuple) -> torch.Tensor:
@@ -206,7 +274,14 @@ class LegionEnv(VecEnv):
         ended this step: ``count`` and per reward term ``Episode_Reward/<term>`` (each episode's
         reward per second), and with a ``task.success``, ``Episode_Success/rate`` (how many
         succeeded). All are device tensors (or Python numbers), never read back here.
+
+        With ``sim.capture_step`` (CUDA) the step is a replay of a recorded one (:class:`CapturedStep`).
         """
+        if self.captured is not None:
+            return self.captured.step(actions)
+        return self._step(actions)
+
+    def _step(self, actions: torch.Tensor) -> tuple[TensorDict, torch.Tensor, torch.Tensor, dict]:
         self.action.apply(actions.to(self.device))
         self.sim.step()
         for hook in self.after_physics:

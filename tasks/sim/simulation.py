@@ -182,7 +182,9 @@ class NewtonSim:
         """Advance every world by one control step (``decimation`` physics steps)."""
         if self._changed:
             self._publish_params()
-        if self.graph is not None:
+        # Inside a capture of the whole control step (LegionEnv's sim.capture_step) the kernels
+        # join that graph directly.
+        if self.graph is not None and not wp.get_device(self.device).is_capturing:
             wp.capture_launch(self.graph)
         else:
             self._simulate()
@@ -228,7 +230,8 @@ class NewtonSim:
             inertia = self.body_inertia
             invertible = torch.linalg.det(inertia).abs() > 1e-18
             eye = torch.eye(3, device=inertia.device).expand_as(inertia)
-            inverse = torch.linalg.inv(torch.where(invertible[..., None, None], inertia, eye))
+            # inv_ex: no check of the result read back to the host (capturable, no stall on a GPU)
+            inverse = torch.linalg.inv_ex(torch.where(invertible[..., None, None], inertia, eye)).inverse
             self._body_inv_inertia.copy_(torch.where(invertible[..., None, None], inverse, 0.0))
         self.solver.publish(changed)
 
