@@ -208,6 +208,23 @@ def test_bad_model_files_give_clear_errors(tmp_path):
                   num_envs=1, dt=0.01, decimation=1)
 
 
+def test_a_reset_recomputes_the_body_poses_of_every_entity_in_the_reset_worlds_and_no_other():
+    """Newton's forward kinematics masks articulations, not worlds: a robot and a free cube are
+    two per world. The cube moved in world 0 and the robot in world 2 are where their bodies are
+    after the reset; world 1 keeps its poses (before the fix, world 0's cube kept its old pose)."""
+    scene = Scene(robot=Robot(file="quadruped.xml"),
+                  objects={"cube": RigidObject(size=[0.1, 0.1, 0.1], mass=0.5, pos=[1.0, 0.0, 0.05])})
+    sim = NewtonSim(scene, num_envs=3, dt=0.005, decimation=4)
+    robot, cube = sim.robot, sim.scene["cube"]
+    before = sim.body_q.clone()
+    cube.root_pos_w[:, 2] = 1.03
+    robot.root_pos_w[:, 2] = 0.77
+    sim.reset(torch.tensor([True, False, True]))
+    assert cube.body_pos_w[:, 0, 2].tolist() == pytest.approx([1.03, 0.05, 1.03])
+    assert robot.body_pos_w[[0, 2], 0, 2].tolist() == pytest.approx([0.77, 0.77])
+    assert torch.equal(sim.body_q[1], before[1])
+
+
 def test_a_scene_of_a_robot_a_free_box_and_a_table_steps_with_views_for_each():
     """The manipulation layout: entities side by side in every world, each with its own views.
     A 0.5 kg cube dropped onto a static table comes to rest on it, its contact force is its

@@ -158,10 +158,13 @@ class NewtonSim:
         self.robot: Articulation = self.scene["robot"]
 
         # Reset bookkeeping: Newton's per-world reset mask (its last entry stands for the shared
-        # shapes, never reset); eval_fk takes one entry per world, the first n.
+        # shapes, never reset), and eval_fk's, one entry per articulation (a robot and each free
+        # object are one each): its world's entry (world -1, shared: the last).
         self._reset_mask = wp.zeros(n + 1, dtype=wp.bool, device=device)
         self._reset_mask_t = wp.to_torch(self._reset_mask)
-        self._fk_mask = self._reset_mask[:n]
+        self._articulation_world = wp.to_torch(model.articulation_world).long().clone()
+        self._fk_mask_t = torch.zeros(len(self._articulation_world), dtype=torch.bool, device=device)
+        self._fk_mask = wp.from_torch(self._fk_mask_t, dtype=wp.bool)
 
         self.graph = None
         if use_graph:
@@ -204,6 +207,7 @@ class NewtonSim:
         else:
             self._reset_mask_t.zero_()
             self._reset_mask_t[worlds] = True
+        self._fk_mask_t.copy_(self._reset_mask_t[self._articulation_world])
         self._newton.eval_fk(self.model, self.state.joint_q, self.state.joint_qd, self.state, mask=self._fk_mask)
         self.solver.reset(self.state, self._reset_mask)
 
