@@ -105,10 +105,10 @@ class CapturedStep:
     it to both). The physics is captured inside the same graph: Warp joins torch's capture
     (``wp.capture_begin(external=True)``) and NewtonSim launches its kernels into it.
 
-    The Python-side choices that shape a step (noise on or off, commands held, the number of
-    envs' after-physics hooks) are part of the capture: when one changes, the next steps run
-    eagerly again and then capture anew. After-physics hooks (a recorder) read the state on the
-    host, so with any registered the step runs eagerly.
+    The Python-side choices that shape a step (noise on or off, commands held, physical
+    parameters waiting to be handed to the solver) are part of the capture: when one changes,
+    the next steps run eagerly again and then capture anew. After-physics hooks (a recorder)
+    read the state on the host, so with any registered the step runs eagerly.
     """
 
     WARMUP = 2  # eager steps before each capture: every kernel compiled and loaded, the allocator warm
@@ -120,13 +120,15 @@ class CapturedStep:
                              f"physics is already one Warp graph, sim.use_graph).")
         self.env = env
         self.actions = torch.zeros(env.num_envs, env.num_actions, device=env.device)  # the graph's input
-        self.graph, self.outputs, self.shape, self.eager_steps = None, None, None, 0
+        self.graph = self.warp_graph = self.outputs = self.shape = None
+        self.eager_steps = 0
 
     def step(self, actions: torch.Tensor) -> tuple[TensorDict, torch.Tensor, torch.Tensor, dict]:
         env = self.env
-        shape = (env.noise_enabled, getattr(env.command, "held", None), len(env.after_physics))
+        shape = (env.noise_enabled, getattr(env.command, "held", None), env.sim.pending_params)
         if shape != self.shape:
-            self.graph, self.shape, self.eager_steps = None, shape, 0
+            self.graph = self.warp_graph = None
+            self.shape, self.eager_steps = shape, 0
         self.actions.copy_(actions)
         if env.after_physics or self.graph is None and self.eager_steps < self.WARMUP:
             self.eager_steps += 1
@@ -135,11 +137,11 @@ class CapturedStep:
             self._capture()
         self.graph.replay()
         obs, rewards, dones, extras = self.outputs
-        env._observations = obs
-        # Copies: the next replay overwrites the graph's outputs, and rollout storage keeps
-        # references to a step's observations until after the next step.
-        extras = {**extras, "time_outs": extras["time_outs"].clone()}
-        return obs.clone(), rewards.clone(), dones.clone(), extras
+        # Copies: the next replay overwrites the graph's outputs, and a rollout keeps a step's
+        # observations (also those get_observations() gives) until after the next step.
+        env._observations = obs.clone()
+        env.extras = {**extras, "time_outs": extras["time_outs"].clone()}
+        return env._observations, rewards.clone(), dones.clone(), env.extras
 
     def _capture(self) -> None:
         import warp as wp
@@ -148,16 +150,23 @@ class CapturedStep:
         graph = torch.cuda.CUDAGraph()
         graph.register_generator_state(env.generator)  # resets, commands and noise draw from it
         stream = torch.cuda.Stream(device=env.device)
-        # thread_local: the async runner's learner thread allocates and launches while the actor captures.
-        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-            warp_stream = wp.stream_from_torch(stream)
-            with wp.ScopedStream(warp_stream, sync_enter=False):
-                wp.capture_begin(stream=warp_stream, external=True)
-                try:
-                    self.outputs = env._step(self.actions)
-                finally:
-                    wp.capture_end(stream=warp_stream)
-        self.graph = graph
+        warp_stream = wp.stream_from_torch(stream)  # before the capture: it creates a CUDA event
+        try:
+            # thread_local: the async runner's learner thread allocates and launches while the actor captures.
+            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                with wp.ScopedStream(warp_stream, sync_enter=False):
+                    wp.capture_begin(stream=warp_stream, external=True)
+                    try:
+                        obs, rewards, dones, extras = env._step(self.actions)
+                    finally:
+                        # Kept with the torch graph: it holds the Warp modules whose kernels it calls.
+                        self.warp_graph = wp.capture_end(stream=warp_stream)
+        except Exception as e:
+            raise RuntimeError(f"Capturing the control step as a CUDA graph failed ({type(e).__name__}: {e}). "
+                               "Train with sim.capture_step=false (the eager step) and report this.") from e
+        # The dicts are the env's own, which an eager reset writes into: the graph's outputs get their own.
+        extras = {key: dict(value) if isinstance(value, dict) else value for key, value in extras.items()}
+        self.outputs, self.graph = (obs, rewards, dones, extras), graph
 
 
 class LegionEnv(VecEnv):

@@ -217,6 +217,11 @@ class NewtonSim:
             return torch.zeros(xy.shape[:-1], device=xy.device)
         return self.terrain.height_at(xy)
 
+    @property
+    def pending_params(self) -> frozenset[str]:
+        """The parameters marked changed that the next :meth:`step` hands to the solver."""
+        return frozenset(self._changed)
+
     def params_changed(self, *names: str) -> None:
         """Marks per-env parameters (names as in ``PARAM_FLAGS``) as edited; the next :meth:`step`
         hands them to the solver, once, however many edits came before it."""
