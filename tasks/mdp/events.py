@@ -29,11 +29,14 @@ envs where ``mask`` (num_envs,) bool is set and leaves the others exactly as the
 :func:`where`). Masks, not index lists: finding which envs are due would read data back to the
 host on a GPU at every step. ``draw(*shape, integer=False)`` returns (num_envs, *shape) samples of
 the term's current range from the env's seeded generator (``integer=True``: whole numbers, every
-one in [low, high] equally likely under ``uniform``). ``entity`` names the scene entity a term acts
-on (default the robot); ``joints`` / ``bodies`` arrive as index tensors (see
-:mod:`legion.tasks.mdp`). Physical parameters are written through the entity's per-env views
-relative to ``entity.defaults`` (so applying a term again never compounds) and named with
-``env.sim.params_changed``; the next physics step hands them to the solver.
+one in [low, high] equally likely under ``uniform``); ``draw.max`` is the highest value the range
+may reach (for what is sized by it). ``entity`` names the scene entity a term acts on (default
+the robot); ``joints`` / ``bodies`` arrive as index tensors (see :mod:`legion.tasks.mdp`).
+Physical parameters are written through the entity's per-env views relative to
+``entity.defaults`` (so applying a term again never compounds) and named with
+``env.sim.params_changed``; the next physics step hands them to the solver. A term keeps what it
+carries over in place, on the device, and reads nothing back to the host: a captured step
+(``sim.capture_step``) replays its kernels on the memory they saw.
 """
 
 from __future__ import annotations
