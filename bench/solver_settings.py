@@ -1,5 +1,6 @@
-"""SolverMuJoCo's iteration limits for quadruped_flat: speed against how often the solver stops
-short of converging, and whether learning notices.
+"""SolverMuJoCo's iteration limits: speed against how often the solver stops short of converging,
+and whether learning notices. quadruped_flat by default; ``--run`` measures a trained run's task
+under its own policy (e.g. arm_lift's grasps, where contacts are hardest).
 
 For each setting ``iterations/ls_iterations/tolerance`` (``sim.solver_options``):
 
@@ -10,14 +11,15 @@ For each setting ``iterations/ls_iterations/tolerance`` (``sim.solver_options``)
 - random actions, ``--num-envs`` envs for ``--steps`` control steps: env-steps/s and the share of
   world control steps whose solver stopped at the linesearch limit, at the iteration limit, or
   overflowed a capacity (``sim.solver_limits``);
-- the trained policy: the same, with the policy the first ``--train`` setting learned acting
-  (deterministically) on those envs after a reset.
+- the trained policy: the same, with the policy the first ``--train`` setting learned (or the
+  newest checkpoint of ``--run``) acting deterministically on those envs after a reset.
 
 The envs of all settings are built first and step in turns, 10 steps at a time, so load from
 other processes falls on every setting alike. Writes bench/results/solver_settings.json.
 
     python bench/solver_settings.py
     python bench/solver_settings.py --settings 10/10/1e-6 4/4/1e-6 --steps 20 --train 0 --train-iterations 2
+    python bench/solver_settings.py --run runs/arm_lift/<date> --settings 10/10/1e-6 20/20/1e-6 --num-envs 256 --steps 250
 """
 
 import argparse
@@ -25,12 +27,13 @@ import time
 
 from common import compose, make_env, make_runner, print_table, torch, typed, write_json
 
+from legion.runs import load_run, load_run_config
 from legion.tasks.sim import SOLVER_LIMITS
 
 
 def overrides(setting: str) -> list[str]:
     iterations, ls_iterations, tolerance = setting.split("/")
-    return [f"sim.solver_options.iterations={iterations}", f"sim.solver_options.ls_iterations={ls_iterations}",
+    return [f"++sim.solver_options.iterations={iterations}", f"++sim.solver_options.ls_iterations={ls_iterations}",
             f"++sim.solver_options.tolerance={tolerance}"]
 
 
@@ -90,17 +93,26 @@ def main():
     parser.add_argument("--train-envs", type=int, default=256)
     parser.add_argument("--train-iterations", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run", default=None,
+                        help="a run folder: measure its task, its newest checkpoint's policy acting (no training)")
     args = parser.parse_args()
     started = time.perf_counter()
 
-    learning, policy = [], None
-    for index in args.train:
-        row, runner = train(args.settings[index], args.train_envs, args.train_iterations, args.seed)
-        learning.append(row)
-        if policy is None:
-            policy = runner.ppo.get_policy().eval()
-    envs = {s: make_env(compose("task=quadruped_flat", f"sim.num_envs={args.num_envs}", f"seed={args.seed}",
-                                *overrides(s))) for s in args.settings}
+    learning, policy, task = [], None, "quadruped_flat"
+    if args.run:
+        loaded = load_run(args.run, num_envs=1)
+        policy, task = loaded.runner.ppo.get_policy().eval(), loaded.cfg.task.name
+        config = lambda s: load_run_config(args.run, [f"sim.num_envs={args.num_envs}", f"seed={args.seed}",  # noqa: E731
+                                                      *overrides(s)])
+    else:
+        for index in args.train:
+            row, runner = train(args.settings[index], args.train_envs, args.train_iterations, args.seed)
+            learning.append(row)
+            if policy is None:
+                policy = runner.ppo.get_policy().eval()
+        config = lambda s: compose(f"task={task}", f"sim.num_envs={args.num_envs}", f"seed={args.seed}",  # noqa: E731
+                                   *overrides(s))
+    envs = {s: make_env(config(s)) for s in args.settings}
     num_actions = next(iter(envs.values())).num_actions
     actions = torch.randn(args.steps, args.num_envs, num_actions, generator=torch.Generator().manual_seed(args.seed))
     random = step_in_turns(envs, lambda obs, i: actions[i], args.steps)
@@ -129,8 +141,8 @@ def main():
         print_table([{**r, "limit": f"{r['limit']:.4%}", "overflow": f"{r['overflow']:.4%}"} for r in learning])
     minutes = (time.perf_counter() - started) / 60
     print(f"took {minutes:.1f} min")
-    path = write_json("solver_settings", rows, task="quadruped_flat", num_envs=args.num_envs, steps=args.steps,
-                      learning=learning, train_envs=args.train_envs, train_iterations=args.train_iterations,
+    path = write_json("solver_settings" if task == "quadruped_flat" else f"solver_settings_{task}", rows, task=task,
+                      run=args.run, num_envs=args.num_envs, steps=args.steps, learning=learning, train_envs=args.train_envs, train_iterations=args.train_iterations,
                       seed=args.seed, minutes=minutes)
     print(f"wrote {path}")
 
