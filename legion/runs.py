@@ -237,6 +237,8 @@ def load_run(run: str | Path, checkpoint: str | Path | None = None, overrides=()
     cfg = load_run_config(run, overrides)
     if not any(o.lstrip("+").startswith("sim.num_envs=") for o in overrides):
         cfg.sim.num_envs = min(num_envs, cfg.sim.num_envs)
+    if not str(cfg.device).startswith("cuda"):
+        cfg.sim.capture_step = False  # a speed setting of a GPU run: the same steps, eager, elsewhere
     settings = typed(cfg)
     validate(settings)
     try:

@@ -14,15 +14,17 @@ from conftest import ROOT, SMALL_TERRAIN, compose
 @pytest.fixture(scope="module")
 def still_run(tmp_path_factory):
     """A quadruped_flat run folder whose policy always outputs zero (the robot holds its default
-    pose and stands), trained "on a GPU": its config says device cuda:0 (checkpoints from a GPU
-    load on the CPU: tests/test_agents.py)."""
+    pose and stands), trained "on a GPU": its config says device cuda:0 and sim.capture_step
+    (checkpoints from a GPU load on the CPU: tests/test_agents.py; the captured step becomes eager)."""
     from legion import runs
     from legion.agents.runner import Runner
 
     run = tmp_path_factory.mktemp("still")
     cfg = compose("task=quadruped_flat", "sim.num_envs=4")
     runs.save_config(cfg, run / "config.yaml")
-    (run / "config.yaml").write_text((run / "config.yaml").read_text().replace("device: cpu", "device: cuda:0"))
+    on_gpu = run / "config.yaml"
+    on_gpu.write_text(on_gpu.read_text().replace("device: cpu", "device: cuda:0").replace("capture_step: false",
+                                                                                          "capture_step: true"))
     runner = Runner(runs.make_env(cfg), runs.typed(cfg).agent, log_dir=None)
     last = [m for m in runner.ppo.get_policy().modules() if isinstance(m, torch.nn.Linear)][-1]
     with torch.no_grad():
