@@ -15,6 +15,8 @@ wall-clock time, both modes; needs matplotlib).
 
     python bench/async_vs_sync.py                                  # full run: 100 / 150 iterations, 3 seeds
     python bench/async_vs_sync.py --iterations 4 15 --seeds 0 1 2  # a quick check
+    python bench/async_vs_sync.py device=cuda:0 sim.capture_step=true \
+        --tasks quadruped_flat --num-envs 4096 --iterations 400 --seeds 0   # Hydra overrides for every run first
 """
 
 import argparse
@@ -27,10 +29,10 @@ from common import ROOT, compose, make_env, make_runner, print_table, torch, typ
 
 
 def train_once(env, task: str, num_envs: int, mode: str, seed: int, iterations: int, lag: int,
-               initial_env_state) -> dict:
+               initial_env_state, overrides=()) -> dict:
     """One training run on an existing env; returns its throughput, final reward and curve."""
     cfg = compose(f"task={task}", f"sim.num_envs={num_envs}", f"seed={seed}", f"agent.mode={mode}",
-                  f"agent.max_policy_lag={lag}", f"agent.log_interval={max(1, iterations // 5)}")
+                  f"agent.max_policy_lag={lag}", f"agent.log_interval={max(1, iterations // 5)}", *overrides)
     env.generator.manual_seed(seed)
     if initial_env_state is not None:
         env.load_state_dict(initial_env_state)
@@ -122,24 +124,27 @@ def main():
     parser.add_argument("--iterations", type=int, nargs="+", default=[100, 150], help="one per task")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--max-policy-lag", type=int, default=1)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (key=value), e.g. device=cuda:0")
     args = parser.parse_args()
     if not len(args.tasks) == len(args.num_envs) == len(args.iterations):
         parser.error("give one --num-envs and one --iterations value per task")
 
     runs = []
     for task, num_envs, iterations in zip(args.tasks, args.num_envs, args.iterations):
-        env = make_env(compose(f"task={task}", f"sim.num_envs={num_envs}"))
+        env = make_env(compose(f"task={task}", f"sim.num_envs={num_envs}", *args.overrides))
         initial_env_state = copy.deepcopy(env.state_dict()) if hasattr(env, "state_dict") else None
         for seed in args.seeds:
             for mode in ("sync", "async"):
                 print(f"--- {task}, {num_envs} envs, {mode}, seed {seed}: {iterations} iterations "
                       f"(load average {os.getloadavg()[0]:.2f})", flush=True)
                 runs.append(train_once(env, task, num_envs, mode, seed, iterations, args.max_policy_lag,
-                                       initial_env_state))
+                                       initial_env_state, args.overrides))
         env.close()
     rows = summarize(runs)
     print_table(rows)
-    print(f"wrote {write_json('async_vs_sync', rows, seeds=args.seeds, max_policy_lag=args.max_policy_lag, runs=runs)}")
+    path = write_json("async_vs_sync", rows, seeds=args.seeds, max_policy_lag=args.max_policy_lag,
+                      overrides=args.overrides, runs=runs)
+    print(f"wrote {path}")
     png = ROOT / "bench" / "results" / "async_vs_sync.png"
     if plot(runs, png):
         print(f"wrote {png}")
