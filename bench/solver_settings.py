@@ -141,8 +141,9 @@ def main():
         print_table([{**r, "limit": f"{r['limit']:.4%}", "overflow": f"{r['overflow']:.4%}"} for r in learning])
     minutes = (time.perf_counter() - started) / 60
     print(f"took {minutes:.1f} min")
-    path = write_json("solver_settings" if task == "quadruped_flat" else f"solver_settings_{task}", rows, task=task,
-                      run=args.run, num_envs=args.num_envs, steps=args.steps, learning=learning, train_envs=args.train_envs, train_iterations=args.train_iterations,
+    name = "solver_settings" if task == "quadruped_flat" else f"solver_settings_{task}"
+    path = write_json(name, rows, task=task, run=args.run, num_envs=args.num_envs, steps=args.steps,
+                      learning=learning, train_envs=args.train_envs, train_iterations=args.train_iterations,
                       seed=args.seed, minutes=minutes)
     print(f"wrote {path}")
 

@@ -40,7 +40,7 @@ def measure(num_envs: int, steps: int, device: str, task: str = "quadruped_flat"
         # Launches return before the GPU is done: synchronize before every clock read. Timing the
         # physics inside env.step would add synchronizations to the env step, so the decimated
         # physics alone runs as its own loop, after the env steps, from the states they left.
-        env_s = _timed_steps(env, actions, steps)
+        env_s = timed_steps(env, actions, range(steps), device)
         t0 = time.perf_counter()
         for _ in range(steps):
             env.sim.step()
@@ -50,7 +50,7 @@ def measure(num_envs: int, steps: int, device: str, task: str = "quadruped_flat"
                                     "sim.capture_step=true"))
         for i in range(5):  # warm up: eager steps, then the capture
             captured.step(actions[i])
-        captured_s = _timed_steps(captured, actions, steps)
+        captured_s = timed_steps(captured, actions, range(steps), device)
     else:
         # On the CPU every call returns when its work is done: the physics time is measured inside
         # env.step, on the very steps the env takes, so both see the same states and contacts.
@@ -64,10 +64,7 @@ def measure(num_envs: int, steps: int, device: str, task: str = "quadruped_flat"
             physics_s += time.perf_counter() - t
 
         env.sim.step = timed_sim_step
-        t0 = time.perf_counter()
-        for i in range(steps):
-            env.step(actions[i])
-        env_s = time.perf_counter() - t0
+        env_s = timed_steps(env, actions, range(steps), device)
     decimation = env.sim.decimation
     row = {
         "num_envs": num_envs,
@@ -81,19 +78,17 @@ def measure(num_envs: int, steps: int, device: str, task: str = "quadruped_flat"
     return row
 
 
-def _timed_steps(env, actions: torch.Tensor, steps: int) -> float:
-    """Seconds for ``steps`` env steps on CUDA, the queue drained before and after."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(steps):
-        env.step(actions[i])
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
-def _synchronize(device: str) -> None:
+def timed_steps(env, actions: torch.Tensor, indices: range, device: str) -> float:
+    """Seconds for the env steps with ``actions[i]`` for i in ``indices``; on CUDA the queue is
+    drained before and after (launches return before the GPU is done)."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in indices:
+        env.step(actions[i])
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
 
 
 def randomization_cost(num_envs: int, steps: int, device: str, task: str = "quadruped_flat", chunk: int = 10) -> dict:
@@ -117,12 +112,7 @@ def randomization_cost(num_envs: int, steps: int, device: str, task: str = "quad
             env.step(actions[i])
     for start in range(5, steps + 5, chunk):
         for name, env in envs.items():
-            _synchronize(device)
-            t = time.perf_counter()
-            for i in range(start, min(start + chunk, steps + 5)):
-                env.step(actions[i])
-            _synchronize(device)
-            seconds[name] += time.perf_counter() - t
+            seconds[name] += timed_steps(env, actions, range(start, min(start + chunk, steps + 5)), device)
     rate = {name: steps * num_envs / s for name, s in seconds.items()}
     row = {"num_envs": num_envs, "off (env-steps/s)": rate["off"]}
     for name in list(variants)[1:]:

@@ -264,7 +264,8 @@ def test_a_captured_step_gives_the_eager_steps_observations_rewards_and_dones(ta
     resets = 0
     for i in range(60):
         if i == 30:
-            eager.reset(), captured.reset()
+            eager.reset()
+            captured.reset()
         if i == 45:
             eager.noise_enabled = captured.noise_enabled = False
         (obs_e, rew_e, done_e, extras_e), (obs_c, rew_c, done_c, extras_c) = eager.step(actions[i]), captured.step(actions[i])
