@@ -18,16 +18,24 @@ to runs/<task>/<date>_learning.
     python bench/learning.py --task quadruped_flat --mode async --minutes 90 --eval-every 10 --num-envs 1024
     python bench/learning.py --task arm_reach --minutes 30 --eval-every 5
     python bench/learning.py --task biped_flat --minutes 2 --eval-every 1 sim.num_envs=256   # a quick check
+    python bench/learning.py --task arm_lift --minutes 60 --eval-every 15 --episodes 100 --resume   # 60 min more
+
+``--resume`` continues the run that bench/results/learning_<task>.json records, with that run's
+config, from its newest checkpoint, for ``--minutes`` more of training: the clock, the env-steps
+and the table go on from the record (a long CPU run in sessions, or a run stopped early).
 """
 
 import argparse
+import json
 import time
 from pathlib import Path
 
 from common import ROOT, compose, make_env, make_runner, print_table, typed, write_json
 
+from legion.agents.checkpoints import latest_good_checkpoint
+
 from legion import evaluation
-from legion.runs import save_config, seed_everything
+from legion.runs import load_run_config, save_config, seed_everything
 
 WALK_ERROR, WALK_FALLS = 0.1, 0.05  # m/s forward tracking error, share of envs that fell
 
@@ -109,28 +117,48 @@ def main():
     parser.add_argument("--eval-seconds", type=float, default=10.0, help="evaluation episode length")
     parser.add_argument("--episodes", type=int, default=200, help="goal tasks: evaluation episodes")
     parser.add_argument("--success-goal", type=float, default=0.97, help="goal tasks: success rate to reach")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run recorded in bench/results/learning_<task>.json for --minutes more")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the training config (key=value)")
     args = parser.parse_args()
 
-    overrides = [f"task={args.task}", f"agent.mode={args.mode}", f"device={args.device}", "agent.max_iterations=null",
-                 "agent.save_interval=1000000", "agent.save_every_minutes=null", "agent.log_interval=10",
-                 *([f"sim.num_envs={args.num_envs}"] if args.num_envs else []), *args.overrides]
-    cfg = compose(*overrides)
+    record = ROOT / "bench" / "results" / f"learning_{args.task}.json"
+    if args.resume:
+        if not record.is_file():
+            parser.error(f"--resume: no record of an earlier run at {record}; start one without --resume")
+        previous = json.loads(record.read_text())
+        run_dir = Path(previous["run"])
+        cfg = load_run_config(run_dir, args.overrides)  # the run's own config: same task, envs, mode
+    else:
+        previous = None
+        overrides = [f"task={args.task}", f"agent.mode={args.mode}", f"device={args.device}",
+                     "agent.max_iterations=null", "agent.save_interval=1000000", "agent.save_every_minutes=null",
+                     "agent.log_interval=10", *([f"sim.num_envs={args.num_envs}"] if args.num_envs else []),
+                     *args.overrides]
+        cfg = compose(*overrides)
+        run_dir = ROOT / "runs" / args.task / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_learning"
+        run_dir.mkdir(parents=True)
+        save_config(cfg, run_dir / "config.yaml")
     settings = typed(cfg)
-    run_dir = ROOT / "runs" / args.task / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_learning"
-    run_dir.mkdir(parents=True)
-    save_config(cfg, run_dir / "config.yaml")
     seed_everything(settings.seed)
     env = make_env(cfg)
     runner = make_runner(env, settings.agent, log_dir=run_dir, device=settings.device)
+    if previous:
+        path, contents = latest_good_checkpoint(run_dir)
+        runner.load(path, contents)
+        print(f"[learning] resumed {path} at iteration {runner.iteration}, "
+              f"{previous['rows'][-1]['train_min']:.1f} min of training so far", flush=True)
     options = evaluation.Options(envs_per_command=args.envs_per_command, duration_s=args.eval_seconds,
                                  episodes=args.episodes)
     samples = settings.agent.num_steps_per_env * settings.sim.num_envs
-    budget, every = 60 * args.minutes, 60 * args.eval_every
-    print(f"[learning] {args.task}, {settings.sim.num_envs} envs, {args.mode}, {args.minutes:g} min of training, "
-          f"evaluation every {args.eval_every:g} min; run folder {run_dir}", flush=True)
+    every = 60 * args.eval_every
+    print(f"[learning] {args.task}, {settings.sim.num_envs} envs, {settings.agent.mode}, {args.minutes:g} min of "
+          f"training, evaluation every {args.eval_every:g} min; run folder {run_dir}", flush=True)
 
     loaded, rows, evaluations, train_s = None, [], [], 0.0
+    if previous:
+        rows, evaluations, train_s = previous["rows"], previous["evaluations"], 60 * previous["rows"][-1]["train_min"]
+    budget = train_s + 60 * args.minutes
 
     def evaluate() -> None:
         nonlocal loaded
@@ -155,8 +183,9 @@ def main():
         print(f"[learning] {row['train_min']:.1f} min, it {row['iteration']}: {what}"
               f"{', goal met' if row['goal'] else ''}", flush=True)
 
-    evaluate()
-    next_eval = every
+    if not previous:
+        evaluate()
+    next_eval = train_s + every
     while train_s < budget:
         target = min(next_eval, budget)
         per_iteration = train_s / runner.iteration if runner.iteration else None
@@ -173,13 +202,13 @@ def main():
     met = next((r for r in rows if r["goal"]), None)
     goal = ({"success_rate_at_least": args.success_goal} if "success_rate" in rows[0] else
             {"forward_error_below": WALK_ERROR, "falls_below": WALK_FALLS})
-    result = {"task": args.task, "mode": args.mode, "num_envs": settings.sim.num_envs, "device": args.device,
-              "budget_min": args.minutes, "eval": options.__dict__, "run": str(run_dir), "goal": goal,
+    result = {"task": args.task, "mode": settings.agent.mode, "num_envs": settings.sim.num_envs,
+              "device": settings.device, "budget_min": budget / 60, "eval": options.__dict__, "run": str(run_dir), "goal": goal,
               "time_to_goal_min": met["train_min"] if met else None,
               "env_steps_to_goal_M": met["env_steps_M"] if met else None}
     print_table(rows)
     print(f"goal {goal} met after {result['time_to_goal_min']:.1f} min of training" if met else
-          f"goal {goal} not met within {args.minutes:g} min")
+          f"goal {goal} not met within {budget / 60:g} min")
     path = write_json(f"learning_{args.task}", rows, **result, evaluations=evaluations)
     plot(rows, args.task, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png')}")
