@@ -208,7 +208,7 @@ def main():
               "env_steps_to_goal_M": met["env_steps_M"] if met else None}
     print_table(rows)
     print(f"goal {goal} met after {result['time_to_goal_min']:.1f} min of training" if met else
-          f"goal {goal} not met within {budget / 60:g} min")
+          f"goal {goal} not met within {budget / 60:.1f} min")
     path = write_json(f"learning_{args.task}", rows, **result, evaluations=evaluations)
     plot(rows, args.task, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png')}")
