@@ -186,14 +186,15 @@ def main():
     if not previous:
         evaluate()
     next_eval = train_s + every
+    per_iteration = None  # seconds, of the latest chunk: an iteration slows once the policy grasps (contacts)
     while train_s < budget:
         target = min(next_eval, budget)
-        per_iteration = train_s / runner.iteration if runner.iteration else None
         chunk = 1 if per_iteration is None else max(1, round((target - train_s) / per_iteration))
         start = time.perf_counter()
         runner.learn(runner.iteration + chunk)
-        train_s += time.perf_counter() - start
-        if train_s >= target - (per_iteration or 0.0) / 2:
+        per_iteration = (time.perf_counter() - start) / chunk
+        train_s += per_iteration * chunk
+        if train_s >= target - per_iteration / 2:
             evaluate()
             next_eval += every
     if rows[-1]["iteration"] != runner.iteration:
