@@ -32,9 +32,8 @@ from pathlib import Path
 
 from common import ROOT, compose, make_env, make_runner, print_table, typed, write_json
 
-from legion.agents.checkpoints import latest_good_checkpoint
-
 from legion import evaluation
+from legion.agents.checkpoints import latest_good_checkpoint
 from legion.runs import load_run_config, save_config, seed_everything
 
 WALK_ERROR, WALK_FALLS = 0.1, 0.05  # m/s forward tracking error, share of envs that fell
@@ -118,7 +117,8 @@ def main():
     parser.add_argument("--episodes", type=int, default=200, help="goal tasks: evaluation episodes")
     parser.add_argument("--success-goal", type=float, default=0.97, help="goal tasks: success rate to reach")
     parser.add_argument("--resume", action="store_true",
-                        help="continue the run recorded in bench/results/learning_<task>.json for --minutes more")
+                        help="continue the run recorded in bench/results/learning_<task>.json for --minutes more, "
+                             "with its own config (--mode, --num-envs, --device do not apply)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the training config (key=value)")
     args = parser.parse_args()
 
@@ -204,8 +204,8 @@ def main():
     goal = ({"success_rate_at_least": args.success_goal} if "success_rate" in rows[0] else
             {"forward_error_below": WALK_ERROR, "falls_below": WALK_FALLS})
     result = {"task": args.task, "mode": settings.agent.mode, "num_envs": settings.sim.num_envs,
-              "device": settings.device, "budget_min": budget / 60, "eval": options.__dict__, "run": str(run_dir), "goal": goal,
-              "time_to_goal_min": met["train_min"] if met else None,
+              "device": settings.device, "budget_min": budget / 60, "eval": options.__dict__, "run": str(run_dir),
+              "goal": goal, "time_to_goal_min": met["train_min"] if met else None,
               "env_steps_to_goal_M": met["env_steps_M"] if met else None}
     print_table(rows)
     print(f"goal {goal} met after {result['time_to_goal_min']:.1f} min of training" if met else
