@@ -23,16 +23,25 @@ to runs/<task>/<date>_learning.
 ``--resume`` continues the run that bench/results/learning_<task>.json records, with that run's
 config, from its newest checkpoint, for ``--minutes`` more of training: the clock, the env-steps
 and the table go on from the record (a long CPU run in sessions, or a run stopped early).
+
+``--nproc K`` trains as K torchrun ranks on this machine (`legion train --nproc`: ``sim.num_envs``
+per rank, gradients averaged), e.g. on a CPU whose task steps on one core (arm_lift). Rank 0
+evaluates, keeps the clock and writes the record; the others wait for it at the next chunk.
+
+    python bench/learning.py --task arm_lift --nproc 2 --mode sync --num-envs 512 --minutes 90 --eval-every 15
 """
 
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
 from common import ROOT, compose, make_env, make_runner, print_table, typed, write_json
 
 from legion import evaluation
+from legion.agents import distributed
 from legion.agents.checkpoints import latest_good_checkpoint
 from legion.runs import load_run_config, save_config, seed_everything
 
@@ -119,14 +128,26 @@ def main():
     parser.add_argument("--resume", action="store_true",
                         help="continue the run recorded in bench/results/learning_<task>.json for --minutes more, "
                              "with its own config (--mode, --num-envs, --device do not apply)")
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="train as this many torchrun ranks on this machine (--num-envs per rank)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the training config (key=value)")
     args = parser.parse_args()
-
+    if args.nproc < 1:
+        parser.error("--nproc K: K processes (ranks), K >= 1")
+    if distributed.launched():
+        args.nproc = int(os.environ["WORLD_SIZE"])
+    elif args.nproc > 1:  # the ranks get the arguments less --nproc, which torchrun would take for its own
+        rest = [a for i, a in enumerate(sys.argv[1:]) if not a.startswith("--nproc") and sys.argv[i] != "--nproc"]
+        os.execvp(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                   f"--nproc_per_node={args.nproc}", __file__, *rest])
     record = ROOT / "bench" / "results" / f"learning_{args.task}.json"
     if args.resume:
         if not record.is_file():
             parser.error(f"--resume: no record of an earlier run at {record}; start one without --resume")
         previous = json.loads(record.read_text())
+        if previous.get("ranks", 1) != args.nproc:  # env-steps are iterations x samples per iteration
+            parser.error(f"--resume: the recorded run trained as {previous.get('ranks', 1)} rank(s); "
+                         f"resume it with --nproc {previous.get('ranks', 1)}")
         run_dir = Path(previous["run"])
         cfg = load_run_config(run_dir, args.overrides)  # the run's own config: same task, envs, mode
     else:
@@ -136,24 +157,42 @@ def main():
                      "agent.log_interval=10", *([f"sim.num_envs={args.num_envs}"] if args.num_envs else []),
                      *args.overrides]
         cfg = compose(*overrides)
-        run_dir = ROOT / "runs" / args.task / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_learning"
-        run_dir.mkdir(parents=True)
-        save_config(cfg, run_dir / "config.yaml")
+    group = None
+    if distributed.launched():  # an evaluation keeps the other ranks waiting: allow it an hour
+        group, device = distributed.join(cfg.device, timeout_s=3600)
+    main = group is None or group.is_main
+    share = (lambda obj: distributed.broadcast(obj, group)) if group else (lambda obj: obj)  # rank 0's value
+    if not previous:
+        run_dir = share(ROOT / "runs" / args.task / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_learning" if main else None)
+        if main:
+            run_dir.mkdir(parents=True)
+            save_config(cfg, run_dir / "config.yaml")
+    if group:
+        cfg.device, cfg.seed = device, cfg.seed + group.rank  # as legion train's ranks
     settings = typed(cfg)
     seed_everything(settings.seed)
     env = make_env(cfg)
-    runner = make_runner(env, settings.agent, log_dir=run_dir, device=settings.device)
+    runner = make_runner(env, settings.agent, log_dir=run_dir if main else None, device=settings.device, group=group)
     if previous:
-        path, contents = latest_good_checkpoint(run_dir)
+        path, contents = share(latest_good_checkpoint(run_dir) if main else None)
         runner.load(path, contents)
-        print(f"[learning] resumed {path} at iteration {runner.iteration}, "
-              f"{previous['rows'][-1]['train_min']:.1f} min of training so far", flush=True)
+        if main:
+            print(f"[learning] resumed {path} at iteration {runner.iteration}, "
+                  f"{previous['rows'][-1]['train_min']:.1f} min of training so far", flush=True)
+    if not main:  # train the chunks rank 0 plans, until it says stop (0)
+        while chunk := share(None):
+            runner.learn(runner.iteration + chunk)
+        env.close()
+        distributed.leave()
+        return
     options = evaluation.Options(envs_per_command=args.envs_per_command, duration_s=args.eval_seconds,
                                  episodes=args.episodes)
-    samples = settings.agent.num_steps_per_env * settings.sim.num_envs
+    ranks = group.world_size if group else 1
+    samples = settings.agent.num_steps_per_env * settings.sim.num_envs * ranks
     every = 60 * args.eval_every
-    print(f"[learning] {args.task}, {settings.sim.num_envs} envs, {settings.agent.mode}, {args.minutes:g} min of "
-          f"training, evaluation every {args.eval_every:g} min; run folder {run_dir}", flush=True)
+    print(f"[learning] {args.task}, {settings.sim.num_envs} envs{f' x {ranks} ranks' if group else ''}, "
+          f"{settings.agent.mode}, {args.minutes:g} min of training, evaluation every {args.eval_every:g} min; "
+          f"run folder {run_dir}", flush=True)
 
     loaded, rows, evaluations, train_s = None, [], [], 0.0
     if previous:
@@ -189,7 +228,7 @@ def main():
     per_iteration = None  # seconds, of the latest chunk: an iteration slows once the policy grasps (contacts)
     while train_s < budget:
         target = min(next_eval, budget)
-        chunk = 1 if per_iteration is None else max(1, round((target - train_s) / per_iteration))
+        chunk = share(1 if per_iteration is None else max(1, round((target - train_s) / per_iteration)))
         start = time.perf_counter()
         runner.learn(runner.iteration + chunk)
         per_iteration = (time.perf_counter() - start) / chunk
@@ -197,13 +236,14 @@ def main():
         if train_s >= target - per_iteration / 2:
             evaluate()
             next_eval += every
+    share(0)  # the other ranks stop
     if rows[-1]["iteration"] != runner.iteration:
         evaluate()
 
     met = next((r for r in rows if r["goal"]), None)
     goal = ({"success_rate_at_least": args.success_goal} if "success_rate" in rows[0] else
             {"forward_error_below": WALK_ERROR, "falls_below": WALK_FALLS})
-    result = {"task": args.task, "mode": settings.agent.mode, "num_envs": settings.sim.num_envs,
+    result = {"task": args.task, "mode": settings.agent.mode, "num_envs": settings.sim.num_envs, "ranks": ranks,
               "device": settings.device, "budget_min": budget / 60, "eval": options.__dict__, "run": str(run_dir),
               "goal": goal, "time_to_goal_min": met["train_min"] if met else None,
               "env_steps_to_goal_M": met["env_steps_M"] if met else None}
@@ -214,6 +254,7 @@ def main():
     plot(rows, args.task, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png')}")
     env.close()
+    distributed.leave()
 
 
 if __name__ == "__main__":
