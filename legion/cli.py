@@ -138,8 +138,8 @@ on `envs` envs, the task's own commands (commands= and duration_s= do not apply)
   randomization=trained  every event term as the run configures it (pushes, friction, ...; default)
   randomization=off      none: default pose, level, at rest, the model's own physical parameters
 
-Works for runs trained on any device (evaluate on this machine's with device=cpu). Config keys
-can be overridden as in `legion play`.
+Works for runs trained on any device (a run trained on a GPU runs on the CPU where there is no
+CUDA). Config keys can be overridden as in `legion play`.
 """
 
 RANDOMIZATION_HELP = """usage: legion randomization [task=NAME] [key=value ...]

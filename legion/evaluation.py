@@ -85,11 +85,6 @@ def load(run: str | Path, options: Options, checkpoint=None, overrides=()) -> Lo
     else:
         setup = [f"sim.num_envs={len(options.commands) * options.envs_per_command}",
                  f"task.episode_length_s={max(cfg.task.episode_length_s, options.duration_s + 1.0)}"]
-    if str(cfg.device).startswith("cuda") and not any(o.startswith("device=") for o in overrides):
-        import torch
-
-        if not torch.cuda.is_available():  # a run trained on a GPU, evaluated here
-            setup.append("device=cpu")
     if options.randomization == "off":
         setup += [f"++task.events.{name}.enabled=false" for name in cfg.task.events]
     if cfg.task.scene.ground is not None and cfg.task.scene.ground.get("terrain") is not None:

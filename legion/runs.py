@@ -229,7 +229,8 @@ def load_run(run: str | Path, checkpoint: str | Path | None = None, overrides=()
     """A run's env and its trained policy from a checkpoint (default: its newest good one).
 
     ``overrides`` are Hydra overrides of the run's config; ``sim.num_envs`` defaults to
-    ``min(num_envs, the run's)``. The checkpoint may come from any device.
+    ``min(num_envs, the run's)``. The checkpoint may come from any device; a run trained on a GPU
+    runs on the CPU where there is no CUDA (``device=...`` overrides that).
     """
     from legion.agents.checkpoints import CheckpointError, latest_good_checkpoint, load_checkpoint
 
@@ -237,6 +238,13 @@ def load_run(run: str | Path, checkpoint: str | Path | None = None, overrides=()
     cfg = load_run_config(run, overrides)
     if not any(o.lstrip("+").startswith("sim.num_envs=") for o in overrides):
         cfg.sim.num_envs = min(num_envs, cfg.sim.num_envs)
+    if str(cfg.device).startswith("cuda") and not any(o.lstrip("+").startswith("device=") for o in overrides):
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"[legion] note: {run} trained on {cfg.device}; this machine has no CUDA, so it runs on the CPU",
+                  flush=True)
+            cfg.device = "cpu"
     if not str(cfg.device).startswith("cuda"):
         cfg.sim.capture_step = False  # a speed setting of a GPU run: the same steps, eager, elsewhere
     settings = typed(cfg)

@@ -66,6 +66,20 @@ def test_fall_rate_counts_episodes_ended_by_a_termination_and_survival_stops_the
     assert stand["fall_rate"] == 1.0 and stand["survival_s"] == 0.0
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the run loads there")
+def test_a_run_trained_on_a_gpu_exports_on_a_machine_without_cuda(still_run, tmp_path):
+    """play, export and record load a run as eval does: its device=cuda:0 becomes the CPU here,
+    unless the command line names a device, which is then checked."""
+    from legion import runs
+    from legion.sim2real.export import export_run
+
+    out, report = export_run(still_run, out_dir=tmp_path / "exported", steps=5)
+    assert json.loads((out / "policy.json").read_text())["files"]["policy.onnx"]["bytes"] > 0
+    assert report["policy.onnx"]["max_abs_diff"] < report["policy.onnx"]["tolerance"]
+    with pytest.raises(runs.ConfigError, match="device=cuda:0: CUDA is not available here: use device=cpu"):
+        runs.load_run(still_run, overrides=["device=cuda:0"])
+
+
 def test_legion_eval_prints_a_table_and_writes_json_and_a_plot_beside_the_run(still_run, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     help_text = subprocess.run([sys.executable, "-m", "legion", "eval", "--help"], capture_output=True, text=True,
