@@ -10,10 +10,10 @@ all commands); goal tasks (arm_reach, arm_lift) a success rate >= --success-goal
 
 Writes bench/results/learning_<task>.json (per evaluation: training time, iteration, env-steps,
 training reward, the summary metrics, the full `legion eval` rows and, for goal tasks, each reward
-term per second of episode: the stages a staged task's policy reaches), bench/results/learning_<task>.png
-(tracking error and falls, or success rate and final error, and training reward against minutes
-of training) and prints a markdown table. The run itself (config, checkpoints, TensorBoard) goes
-to runs/<task>/<date>_learning.
+term per second of episode, the stages a staged task's policy reaches, and per axis how far the
+goal is followed), bench/results/learning_<task>.png (tracking error and falls, or success rate
+and final error, and training reward against minutes of training) and prints a markdown table.
+The run itself (config, checkpoints, TensorBoard) goes to runs/<task>/<date>_learning.
 
     python bench/learning.py --task quadruped_flat --mode async --minutes 90 --eval-every 10 --num-envs 1024
     python bench/learning.py --task arm_reach --minutes 30 --eval-every 5
@@ -212,10 +212,10 @@ def main():
                         args.success_goal)
         rows.append(row)
         evaluations.append({"train_min": row["train_min"], "iteration": row["iteration"], "rows": report["rows"],
-                            "rewards": report.get("rewards")})
+                            "rewards": report.get("rewards"), "axes": report.get("axes")})
         if "success_rate" in row:
             what = (f"success {row['success_rate']:.1%}, final error {100 * row['final_position_error_m']:.1f} cm; "
-                    + evaluation.reward_line(report["rewards"]))
+                    f"{evaluation.reward_line(report['rewards'])}; {evaluation.axes_line(report['axes'])}")
         else:
             forward = row["forward_error"]
             what = f"forward error {forward if forward is None else round(forward, 3)}, falls {row['fall_rate']:.0%}"

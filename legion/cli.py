@@ -133,8 +133,9 @@ on `envs` envs, the task's own commands (commands= and duration_s= do not apply)
   final_position_error_m       mean distance of the commanded body from its goal at the end [m]
   final_orientation_error_rad  the same for orientation (pose commands) [rad]
   and each reward term per second of episode, as TensorBoard's Episode_Reward/<term> (for arm_lift
-  the stages the policy reaches: grasp, lift, bring). The PNG shows each episode's final error and
-  the times to success.
+  the stages the policy reaches: grasp, lift, bring), and per axis of the base frame the mean final
+  error and how far the final position follows the goal (the slope of one on the other: 1 ends at
+  the goal, 0 ignores it). The PNG shows each episode's final error and the times to success.
   randomization=trained  every event term as the run configures it (pushes, friction, ...; default)
   randomization=off      none: default pose, level, at rest, the model's own physical parameters
 

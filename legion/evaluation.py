@@ -252,9 +252,10 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
     nothing was measured (no success; a position command has no orientation). ``summary``: mean,
     median and max of each; ``rewards``: each reward term's mean over the episodes, per second of
     episode as in training's ``Episode_Reward/<term>`` (for staged tasks the stages the policy
-    reaches: grasp, lift, bring); ``series["episodes"]``: one record per episode (with its world,
-    ``env``, and its ``rewards``), in the order they ended. Every world counts
-    ``ceil(episodes / num_envs)`` episodes at most.
+    reaches: grasp, lift, bring); ``axes``: per axis of the base frame, see :func:`axes`;
+    ``series["episodes"]``: one record per episode (with its world, ``env``, its ``rewards``, and
+    the goal and the body's final position in the base frame, ``goal_b_m`` and ``final_b_m``), in
+    the order they ended. Every world counts ``ceil(episodes / num_envs)`` episodes at most.
     """
     env = loaded.env
     if env.success is None:
@@ -274,6 +275,7 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
     while len(records) < options.episodes:
         position_error = command.position_error()
         orientation_error = command.orientation_error() if has_orientation else None
+        goal_b, final_b = command.value[:, :3].clone(), command.position_b()
         # The step that ends an episode also zeroes its sums: keep them (its own reward is added below).
         sums = {name: s.clone() for name, s in env.episode_sums.items()}
         obs, _, dones, _ = env.step(policy(obs))
@@ -290,6 +292,8 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
                 "time_to_success_s": float(env.success.last_time_s[i]) if success else None,
                 "final_position_error_m": float(position_error[i]),
                 "final_orientation_error_rad": float(orientation_error[i]) if has_orientation else None,
+                "goal_b_m": goal_b[i].tolist(),
+                "final_b_m": final_b[i].tolist(),
                 "rewards": {name: float(sums[name][i] + env.reward_values[name][i]) / episode_s for name in sums},
             })
 
@@ -304,7 +308,34 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
     row = {"episodes": len(records), "success_rate": sum(r["success"] for r in records) / len(records),
            **{k: s["mean"] if s else None for k, s in summaries.items()}}
     rewards = {name: statistics.fmean(r["rewards"][name] for r in records) for name in env.episode_sums}
-    return {"rows": [row], "summary": summaries, "rewards": rewards, "series": {"episodes": records}}
+    return {"rows": [row], "summary": summaries, "rewards": rewards, "axes": axes(records),
+            "series": {"episodes": records}}
+
+
+def axes(records: list[dict]) -> dict:
+    """Where the commanded body ends against its goal, per axis of the base frame (x, y, z):
+    ``mean_abs_error_m`` and ``follows_goal``, the least-squares slope of the final position on the
+    goal over the episodes: 1 when the body ends where the goal is, 0 when it ends at the same
+    place whatever the goal (a policy that has not yet learned that axis); ``None`` when the goals
+    do not vary along the axis."""
+    result = {}
+    for axis, name in enumerate("xyz"):
+        goal = [r["goal_b_m"][axis] for r in records]
+        final = [r["final_b_m"][axis] for r in records]
+        try:
+            slope = statistics.linear_regression(goal, final).slope
+        except statistics.StatisticsError:  # one goal (held, or a range of one value), or one episode
+            slope = None
+        result[name] = {"mean_abs_error_m": statistics.fmean(abs(f - g) for g, f in zip(goal, final)),
+                        "follows_goal": slope}
+    return result
+
+
+def axes_line(axes: dict) -> str:
+    """A goal report's ``axes`` as one line."""
+    cells = [f"{k} error {100 * a['mean_abs_error_m']:.1f} cm, follows the goal "
+             + ("-" if a["follows_goal"] is None else f"{a['follows_goal']:.2f}") for k, a in axes.items()]
+    return "per axis (base frame): " + "; ".join(cells) + " (follows: 1 ends at the goal, 0 ignores it)"
 
 
 def plot_goals(report: dict, path: Path) -> None:
@@ -379,6 +410,8 @@ def table(report: dict) -> str:
         lines.append("* clamped to the task's command ranges")
     if "rewards" in report:
         lines.append(reward_line(report["rewards"]))
+    if "axes" in report:
+        lines.append(axes_line(report["axes"]))
     return "\n".join(lines)
 
 

@@ -355,6 +355,17 @@ def test_arm_policies_export_and_the_edge_runtime_acts_as_the_env(exported):
     assert np.isclose(targets[:, None], limits).any(axis=1).sum() >= 3  # most actions ask for more than the range
 
 
+def test_per_axis_following_is_the_slope_of_where_the_body_ends_on_the_goal():
+    from legion.evaluation import axes
+
+    goals = [[0.4 + 0.05 * k, -0.2 + 0.1 * k, 0.3] for k in range(5)]
+    records = [{"goal_b_m": g, "final_b_m": [g[0], 0.5 * g[1] + 0.1, 0.32]} for g in goals]
+    result = axes(records)
+    assert result["x"] == {"mean_abs_error_m": pytest.approx(0.0), "follows_goal": pytest.approx(1.0)}
+    assert result["y"]["follows_goal"] == pytest.approx(0.5)  # half the way: a partly learned axis
+    assert result["z"] == {"mean_abs_error_m": pytest.approx(0.02), "follows_goal": None}  # one goal height
+
+
 @pytest.mark.parametrize("exported", ["arm_reach"], indirect=True)
 def test_eval_reports_success_time_and_final_errors(exported, tmp_path):
     """A policy that outputs zero holds the home pose; with the command fixed at the home pose it
@@ -387,6 +398,8 @@ def test_eval_reports_success_time_and_final_errors(exported, tmp_path):
         assert rewards["position_tanh"] == pytest.approx(0.5, abs=0.01)
         assert rewards["position_error"] == pytest.approx(0.0, abs=1e-3)
         assert "reward per second of episode: position_error" in table(metrics["report"])
+        axes = metrics["report"]["axes"]  # goals held in one place: no slope to measure
+        assert all(a["mean_abs_error_m"] < 1e-3 and a["follows_goal"] is None for a in axes.values())
         json_path, png_path = write(metrics["report"], tmp_path)
         assert json.loads(json_path.read_text())["rows"][0]["episodes"] == 6 and png_path.stat().st_size > 5000
         env.command.hold(tcp_pose(env) + torch.tensor([0.05, 0, 0, 0, 0, 0, 0]))
@@ -396,6 +409,15 @@ def test_eval_reports_success_time_and_final_errors(exported, tmp_path):
         rewards = metrics["report"]["rewards"]  # 5 cm off: 0.5 (1 - tanh(0.05 / 0.1)) and -0.2 * 0.05
         assert rewards["position_tanh"] == pytest.approx(0.269, abs=0.005)
         assert rewards["position_error"] == pytest.approx(-0.01, abs=5e-4)
+        axes = metrics["report"]["axes"]  # the miss is along x only
+        assert axes["x"]["mean_abs_error_m"] == pytest.approx(0.05, abs=1e-3)
+        assert axes["y"]["mean_abs_error_m"] < 1e-3 and axes["z"]["mean_abs_error_m"] < 1e-3
+        # The task's own goals, and a policy that ignores them: the tool ends at home whatever the goal.
+        env.command.release()
+        metrics = manipulation_metrics(loaded, episodes=8)
+        axes = metrics["report"]["axes"]
+        assert all(abs(a["follows_goal"]) < 1e-3 for a in axes.values()), axes
+        assert "follows the goal 0.00" in table(metrics["report"])
         # Worlds 1 and 3 fail at once in every episode (a termination): they count as many episodes
         # as worlds 0 and 2, which succeed, not more for ending sooner.
         env.command.hold(tcp_pose(env))

@@ -7,7 +7,7 @@ sim-to-sim). Nothing is read back to the host: resampling is by mask.
 
 import torch
 
-from legion.tasks.math import quat_error_magnitude, quat_from_euler_xyz, quat_mul, quat_rotate
+from legion.tasks.math import quat_error_magnitude, quat_from_euler_xyz, quat_mul, quat_rotate, quat_rotate_inverse
 
 
 class UniformCommand:
@@ -128,6 +128,12 @@ class PositionCommand(UniformCommand):
         """(num_envs, 3) [m] the target position in the world frame."""
         base_pos, base_quat = self.base_pose_w()
         return base_pos + quat_rotate(base_quat, self.value[:, :3])
+
+    def position_b(self) -> torch.Tensor:
+        """(num_envs, 3) [m] the commanded body's position in the base frame, as ``value[:, :3]``."""
+        entity, index = self.body
+        base_pos, base_quat = self.base_pose_w()
+        return quat_rotate_inverse(base_quat, entity.body_pos_w[:, index] - base_pos)
 
     def position_error(self) -> torch.Tensor:
         """(num_envs,) [m] distance of the commanded body from its target position."""
