@@ -225,10 +225,12 @@ def main():
     if not previous:
         evaluate()
     next_eval = train_s + every
-    per_iteration = None  # seconds, of the latest chunk: an iteration slows once the policy grasps (contacts)
+    # Seconds per iteration, of the latest chunk: an iteration slows by half once the policy touches
+    # and grasps (contacts), so chunks are re-planned every few minutes at most.
+    per_iteration = None
     while train_s < budget:
         target = min(next_eval, budget)
-        chunk = share(1 if per_iteration is None else max(1, round((target - train_s) / per_iteration)))
+        chunk = share(1 if per_iteration is None else max(1, round(min(target - train_s, 180) / per_iteration)))
         start = time.perf_counter()
         runner.learn(runner.iteration + chunk)
         per_iteration = (time.perf_counter() - start) / chunk
