@@ -187,10 +187,9 @@ def main():
         return
     options = evaluation.Options(envs_per_command=args.envs_per_command, duration_s=args.eval_seconds,
                                  episodes=args.episodes)
-    ranks = group.world_size if group else 1
-    samples = settings.agent.num_steps_per_env * settings.sim.num_envs * ranks
+    samples = settings.agent.num_steps_per_env * settings.sim.num_envs * args.nproc
     every = 60 * args.eval_every
-    print(f"[learning] {args.task}, {settings.sim.num_envs} envs{f' x {ranks} ranks' if group else ''}, "
+    print(f"[learning] {args.task}, {settings.sim.num_envs} envs{f' x {args.nproc} ranks' if group else ''}, "
           f"{settings.agent.mode}, {args.minutes:g} min of training, evaluation every {args.eval_every:g} min; "
           f"run folder {run_dir}", flush=True)
 
@@ -245,7 +244,7 @@ def main():
     met = next((r for r in rows if r["goal"]), None)
     goal = ({"success_rate_at_least": args.success_goal} if "success_rate" in rows[0] else
             {"forward_error_below": WALK_ERROR, "falls_below": WALK_FALLS})
-    result = {"task": args.task, "mode": settings.agent.mode, "num_envs": settings.sim.num_envs, "ranks": ranks,
+    result = {"task": args.task, "mode": settings.agent.mode, "num_envs": settings.sim.num_envs, "ranks": args.nproc,
               "device": settings.device, "budget_min": budget / 60, "eval": options.__dict__, "run": str(run_dir),
               "goal": goal, "time_to_goal_min": met["train_min"] if met else None,
               "env_steps_to_goal_M": met["env_steps_M"] if met else None}
