@@ -227,7 +227,7 @@ def main():
     # Seconds per iteration, of the latest chunk: an iteration slows by half once the policy touches
     # and grasps (contacts), so chunks are re-planned every few minutes at most.
     per_iteration = None
-    while train_s < budget:
+    while train_s < budget - (per_iteration or 0) / 2:  # as the evaluation below: within half an iteration
         target = min(next_eval, budget)
         chunk = share(1 if per_iteration is None else max(1, round(min(target - train_s, 180) / per_iteration)))
         start = time.perf_counter()
