@@ -25,7 +25,7 @@ import os
 import statistics
 import time
 
-from common import ROOT, compose, make_env, make_runner, print_table, torch, typed, write_json
+from common import ROOT, compose, make_env, make_runner, print_table, torch, write_json
 
 
 def train_once(env, task: str, num_envs: int, mode: str, seed: int, iterations: int, lag: int,
@@ -39,7 +39,7 @@ def train_once(env, task: str, num_envs: int, mode: str, seed: int, iterations: 
     with torch.inference_mode():  # training made the env's buffers inference tensors
         env.reset()
     torch.manual_seed(seed)
-    runner = make_runner(env, typed(cfg).agent, log_dir=None, device=cfg.device)
+    runner = make_runner(env, cfg.agent, log_dir=None, device=cfg.device)
     load_before = os.getloadavg()[0]
     start, cpu_start = time.perf_counter(), time.process_time()
     runner.learn(iterations)

@@ -38,12 +38,13 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, compose, make_env, make_runner, print_table, typed, write_json
+from common import ROOT, compose, make_env, make_runner, print_table, write_json
 
 from legion import evaluation
 from legion.agents import distributed
 from legion.agents.checkpoints import latest_good_checkpoint
-from legion.runs import load_run_config, save_config, seed_everything
+from legion.api import seed_everything
+from legion.configs import load_run_config, save_config
 
 WALK_ERROR, WALK_FALLS = 0.1, 0.05  # m/s forward tracking error, share of envs that fell
 
@@ -169,10 +170,9 @@ def main():
             save_config(cfg, run_dir / "config.yaml")
     if group:
         cfg.device, cfg.seed = device, cfg.seed + group.rank  # as legion train's ranks
-    settings = typed(cfg)
-    seed_everything(settings.seed)
+    seed_everything(cfg.seed)
     env = make_env(cfg)
-    runner = make_runner(env, settings.agent, log_dir=run_dir if main else None, device=settings.device, group=group)
+    runner = make_runner(env, cfg.agent, log_dir=run_dir if main else None, device=cfg.device, group=group)
     if previous:
         path, contents = share(latest_good_checkpoint(run_dir) if main else None)
         runner.load(path, contents)
@@ -187,10 +187,10 @@ def main():
         return
     options = evaluation.Options(envs_per_command=args.envs_per_command, duration_s=args.eval_seconds,
                                  episodes=args.episodes)
-    samples = settings.agent.num_steps_per_env * settings.sim.num_envs * args.nproc
+    samples = cfg.agent.num_steps_per_env * cfg.sim.num_envs * args.nproc
     every = 60 * args.eval_every
-    print(f"[learning] {args.task}, {settings.sim.num_envs} envs{f' x {args.nproc} ranks' if group else ''}, "
-          f"{settings.agent.mode}, {args.minutes:g} min of training, evaluation every {args.eval_every:g} min; "
+    print(f"[learning] {args.task}, {cfg.sim.num_envs} envs{f' x {args.nproc} ranks' if group else ''}, "
+          f"{cfg.agent.mode}, {args.minutes:g} min of training, evaluation every {args.eval_every:g} min; "
           f"run folder {run_dir}", flush=True)
 
     loaded, rows, evaluations, train_s = None, [], [], 0.0
@@ -244,8 +244,8 @@ def main():
     met = next((r for r in rows if r["goal"]), None)
     goal = ({"success_rate_at_least": args.success_goal} if "success_rate" in rows[0] else
             {"forward_error_below": WALK_ERROR, "falls_below": WALK_FALLS})
-    result = {"task": args.task, "mode": settings.agent.mode, "num_envs": settings.sim.num_envs, "ranks": args.nproc,
-              "device": settings.device, "budget_min": budget / 60, "eval": options.__dict__, "run": str(run_dir),
+    result = {"task": args.task, "mode": cfg.agent.mode, "num_envs": cfg.sim.num_envs, "ranks": args.nproc,
+              "device": cfg.device, "budget_min": budget / 60, "eval": options.__dict__, "run": str(run_dir),
               "goal": goal, "time_to_goal_min": met["train_min"] if met else None,
               "env_steps_to_goal_M": met["env_steps_M"] if met else None}
     print_table(rows)

@@ -25,7 +25,7 @@ import statistics
 import threading
 import time
 
-from common import compose, make_env, print_table, torch, typed, write_json
+from common import compose, make_env, print_table, torch, write_json
 
 
 def side(role: str, cfg, seconds: float, start, results) -> None:
@@ -42,7 +42,7 @@ def side(role: str, cfg, seconds: float, start, results) -> None:
 def _work(role: str, cfg, seconds: float, start) -> float:
     from legion.agents.ppo import RolloutBuffer, build_behaviour_ppo, build_ppo, compute_returns_off_policy
 
-    agent = typed(cfg).agent
+    agent = cfg.agent
     env = make_env(cfg)
     steps, num_envs = agent.num_steps_per_env, env.num_envs
     storage = RolloutBuffer(env, steps, "cpu")

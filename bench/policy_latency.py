@@ -66,7 +66,7 @@ def main():
         rows.append({"runtime": name, **timed(lambda: session.run(None, {"obs": x_np}), args.calls)})
 
     # The deploy path: a real export's metadata (joint order, obs layout of quadruped_flat).
-    from common import compose, make_env, typed
+    from common import compose, make_env
 
     from legion.agents.runner import Runner
     from legion.runs import LoadedRun, save_config
@@ -77,7 +77,7 @@ def main():
         run = Path(tmp)
         save_config(cfg, run / "config.yaml")
         env = make_env(cfg)
-        loaded = LoadedRun(run, cfg, env, Runner(env, typed(cfg).agent), run / "model_0.pt")
+        loaded = LoadedRun(run, cfg, env, Runner(env, cfg.agent), run / "model_0.pt")
         meta = build_metadata(loaded, actor)
         import onnx
 

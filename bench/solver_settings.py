@@ -25,9 +25,10 @@ other processes falls on every setting alike. Writes bench/results/solver_settin
 import argparse
 import time
 
-from common import compose, make_env, make_runner, print_table, torch, typed, write_json
+from common import compose, make_env, make_runner, print_table, torch, write_json
 
-from legion.runs import load_run, load_run_config
+from legion.api import load_run
+from legion.configs import load_run_config
 from legion.tasks.sim import SOLVER_LIMITS
 
 
@@ -71,7 +72,7 @@ def train(setting: str, num_envs: int, iterations: int, seed: int):
 
     env.step = counting_step
     torch.manual_seed(seed)
-    runner = make_runner(env, typed(cfg).agent, log_dir=None, device=cfg.device)
+    runner = make_runner(env, cfg.agent, log_dir=None, device=cfg.device)
     start = time.perf_counter()
     runner.learn(iterations)
     wall = time.perf_counter() - start

@@ -21,7 +21,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from omegaconf import MISSING
+# OmegaConf's marker of a value that has no default ("???"), written here so that the schema
+# imports without the training stack (omegaconf is imported where configs are composed).
+MISSING: Any = "???"
 
 
 def entries(kind: type, depth: int = 1):
@@ -34,7 +36,7 @@ def entries(kind: type, depth: int = 1):
 class Robot:
     """The articulated robot, entity ``robot`` of the scene."""
 
-    file: str = MISSING  # MJCF (.xml), URDF or USD model: a path, or a file name in legion/tasks/assets
+    file: str = MISSING  # MJCF (.xml), URDF or USD model: a path, or a file name in tasks/assets
     root_height: Optional[float] = None  # floating base: initial base height [m] (None: the model's)
     joint_pos: dict[str, float] = field(default_factory=dict)  # default pose, joint-name regex -> [rad or m]
 

@@ -1,5 +1,5 @@
-"""`legion`: the one command line. It parses arguments and calls the library (:mod:`legion.runs`,
-:mod:`legion.sim2real`); nothing imports this module.
+"""`legion`: the one command line. It parses arguments and calls the commands (:mod:`legion.commands`,
+:mod:`legion.evaluation`, :mod:`legion.sim2real`); nothing imports this module.
 
 Every command takes Hydra's overrides (``key=value``, ``+key=value``, ``~key``) besides its own
 ``option=value``s. Bad arguments fail before anything is built, with one line per problem and
@@ -223,7 +223,7 @@ def _number(name: str, value: str, kind=int):
 
 # --- commands ---------------------------------------------------------------------------------
 def train(args: list[str]) -> None:
-    from legion import runs
+    from legion import commands, configs
 
     if "--nproc" in args:  # a shortcut for torchrun on this machine
         at = args.index("--nproc")
@@ -238,33 +238,33 @@ def train(args: list[str]) -> None:
             return
         run_args = [f"run={a.split('=', 1)[1]}" if a.startswith("resume=") else a for a in args]
         run, options, overrides = parse_run_args(run_args, RESUME_HELP, {"checkpoint": None})
-        cfg = runs.load_run_config(run, overrides)
-        runs.train(cfg, run, resume=True, checkpoint=options["checkpoint"])
+        commands.train(configs.load_run_config(run, overrides), run, resume=True, checkpoint=options["checkpoint"])
         return
     multirun = any(a in ("-m", "--multirun") for a in args)
-    hydra_flags = any(a.startswith("-") for a in args)
-    if not multirun and not hydra_flags:  # check now: Hydra would build the simulation first
-        runs.validate(runs.typed(runs.compose(*args)))
     rank = int(os.environ.get("RANK", "0"))
+    if rank > 0 and multirun:
+        raise UsageError("a Hydra multirun cannot run under torchrun; sweep the distributed runs one by one.")
+    if multirun or any(a.startswith("-") for a in args):  # a sweep, or Hydra's own flags (--help, --cfg job, ...)
+        _hydra_train(args)
+        return
+    cfg, run_dir = configs.compose_run(*args)  # one run: composed once, Hydra's folder name included
     if rank > 0:  # torchrun's other ranks: rank 0 alone writes the run folder
-        if multirun:
-            raise UsageError("a Hydra multirun cannot run under torchrun; sweep the distributed runs one by one.")
-        args = [*args, f"hydra.run.dir={tempfile.gettempdir()}/legion-rank{rank}-{os.getpid()}"]
-    _hydra_train(args)
+        run_dir = Path(tempfile.gettempdir()) / f"legion-rank{rank}-{os.getpid()}"
+    commands.train(cfg, run_dir)
 
 
 def _hydra_train(args: list[str]) -> None:
+    """A Hydra job per run (a ``-m`` sweep, or Hydra's flags): each job's config typed once."""
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
-    from legion import runs
-    from legion.configs import schema
+    from legion import commands, configs
 
     def job(cfg) -> None:  # Hydra reports a job's errors its own way: report ours as main() does first
-        _run("train", runs.train, cfg, Path(HydraConfig.get().runtime.output_dir))
+        _run("train", lambda: commands.train(configs.typed(cfg), Path(HydraConfig.get().runtime.output_dir)))
 
-    schema.register()
-    main = hydra.main(config_path=str(runs.CONFIG_DIR), config_name="train", version_base="1.3")(job)
+    configs.schema.register()
+    main = hydra.main(config_path=str(configs.CONFIG_DIR), config_name="train", version_base="1.3")(job)
     sys.argv = ["legion train", *args]
     main()
 
@@ -285,7 +285,7 @@ def _print_recorded_episode(k: int, episode) -> None:
 
 
 def play(args: list[str]) -> None:
-    from legion import runs
+    from legion import api, commands
 
     if any(a in ("-h", "--help") for a in args):
         print(PLAY_HELP)
@@ -306,9 +306,9 @@ def play(args: list[str]) -> None:
         record_run(run, episodes, out, video_dir, options["checkpoint"], overrides, overwrite,
                    on_episode=_print_recorded_episode)
         return
-    loaded = runs.load_run(run, options["checkpoint"], overrides)
-    print(f"[legion] playing {loaded.checkpoint} on {loaded.env.num_envs} envs of {loaded.settings.task.name}", flush=True)
-    for i, episode in enumerate(runs.play(loaded, episodes)):
+    loaded = api.load_run(run, options["checkpoint"], overrides)
+    print(f"[legion] playing {loaded.checkpoint} on {loaded.env.num_envs} envs of {loaded.cfg.task.name}", flush=True)
+    for i, episode in enumerate(commands.play(loaded, episodes)):
         _print_episode(i, episode["return"], episode["length"], episode["time_out"])
 
 
@@ -342,11 +342,11 @@ def evaluate(args: list[str]) -> None:
                                 episodes=_number("episodes", options["episodes"]),
                                 randomization=options["randomization"])
     loaded = evaluation.load(run, chosen, options["checkpoint"], overrides)
-    if loaded.settings.task.command.type in evaluation.GOAL_COMMANDS:
+    if loaded.cfg.task.command.type in evaluation.GOAL_COMMANDS:
         what = f"{chosen.episodes} episodes on {chosen.envs_per_command} envs"
     else:
         what = f"{len(commands)} commands x {chosen.envs_per_command} envs x {chosen.duration_s:g} s"
-    print(f"[legion] evaluating {loaded.checkpoint} of {loaded.settings.task.name}: {what}, randomization "
+    print(f"[legion] evaluating {loaded.checkpoint} of {loaded.cfg.task.name}: {what}, randomization "
           f"{chosen.randomization}", flush=True)
     report = evaluation.measure(loaded, chosen)
     print(evaluation.table(report))
@@ -439,7 +439,7 @@ def dataset(args: list[str]) -> None:
 
 
 def randomization(args: list[str]) -> None:
-    from legion import runs
+    from legion import api, configs
     from legion.tasks.randomization import report
 
     if any(a in ("-h", "--help") for a in args):
@@ -450,10 +450,10 @@ def randomization(args: list[str]) -> None:
         raise UsageError(f"expected key=value overrides, got {bad}\n\n{RANDOMIZATION_HELP}")
     if not any(a.split("=", 1)[0].lstrip("+") == "sim.num_envs" for a in args):
         args = [*args, "sim.num_envs=64"]
-    cfg = runs.typed(runs.compose(*args))
-    runs.validate(cfg)
-    runs.setup_process()
-    print(report(runs.make_env(cfg)))
+    cfg = configs.compose(*args)
+    api.validate(cfg)
+    api.setup_process()
+    print(report(api.make_env(cfg)))
 
 
 def export(args: list[str]) -> None:
@@ -537,13 +537,13 @@ def main() -> None:
     os.environ.setdefault("MUJOCO_GL", "egl")
     args = sys.argv[1:]
     if not args or args[0] in ("-h", "--help", "help"):
-        from legion.runs import task_names
+        from legion.configs import task_names
 
         print(USAGE.format(tasks=", ".join(task_names())))
         return
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
-        from legion.runs import task_names
+        from legion.configs import task_names
 
         _fail(command, f"unknown command.\n\n{USAGE.format(tasks=', '.join(task_names()))}")
     _run(command, COMMANDS[command], rest)

@@ -27,7 +27,8 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from legion.runs import LoadedRun, load_run, load_run_config
+from legion.api import LoadedRun, load_run
+from legion.configs import load_run_config
 
 # v_x [m/s], v_y [m/s], yaw rate [rad/s] in the base frame; clamped to the task's command ranges.
 DEFAULT_COMMANDS = {
@@ -139,7 +140,7 @@ def locomotion(loaded: LoadedRun, options: Options) -> dict:
 
     env = loaded.env
     if not isinstance(env.command, VelocityCommand) or not env.robot.floating_base:
-        raise ValueError(f"task {loaded.settings.task.name} has no velocity command or no floating base: "
+        raise ValueError(f"task {loaded.cfg.task.name} has no velocity command or no floating base: "
                          "locomotion metrics need both.")
     names = list(options.commands)
     per, count = options.envs_per_command, len(names)
@@ -367,16 +368,16 @@ METRICS = {"velocity": (locomotion, plot_velocity), **{kind: (goals, plot_goals)
 
 def measure(loaded: LoadedRun, options: Options) -> dict:
     """The metrics of the loaded run (from :func:`load`) for its kind of task, with the run's identity."""
-    kind = loaded.settings.task.command.type if loaded.settings.task.command else None
+    kind = loaded.cfg.task.command.type if loaded.cfg.task.command else None
     if kind not in METRICS:
-        raise ValueError(f"task {loaded.settings.task.name}: no evaluation metrics for command type {kind!r}; "
+        raise ValueError(f"task {loaded.cfg.task.name}: no evaluation metrics for command type {kind!r}; "
                          f"legion eval measures {sorted(METRICS)} tasks.")
     import torch
 
     with torch.inference_mode():  # no autograd bookkeeping: evaluation only reads the policy
         report = METRICS[kind][0](loaded, options)
-    return {"task": loaded.settings.task.name, "kind": kind, "run": str(loaded.run), "checkpoint": loaded.checkpoint.name,
-            "iteration": int(loaded.runner.iteration), "device": loaded.settings.device,
+    return {"task": loaded.cfg.task.name, "kind": kind, "run": str(loaded.run), "checkpoint": loaded.checkpoint.name,
+            "iteration": int(loaded.runner.iteration), "device": loaded.cfg.device,
             "options": asdict(options), **report}
 
 

@@ -59,12 +59,12 @@ def legion_version() -> str:
 # --- metadata --------------------------------------------------------------------------------
 def build_metadata(loaded, actor) -> dict:
     """Everything a robot needs besides the network, as JSON-able values (lists, floats, str), from
-    a loaded run (:class:`legion.runs.LoadedRun`): its env, its runner and its config."""
+    a loaded run (:class:`legion.api.LoadedRun`): its env, its runner and its config."""
     import torch
 
     from legion.tasks.mdp import rewards, terminations
 
-    env, settings = loaded.env, loaded.settings
+    env, settings = loaded.env, loaded.cfg
     robot, task = env.robot, settings.task
     layout = env.observation_layout()
     terms, start = [], 0
@@ -342,9 +342,9 @@ def export_run(run: Path, checkpoint=None, out_dir: Path | None = None, steps: i
                loaded=None) -> tuple[Path, dict]:
     """``legion export`` as a function: returns (output folder, verification report).
 
-    ``loaded`` reuses a :func:`legion.runs.load_run` result instead of building one.
+    ``loaded`` reuses a :func:`legion.api.load_run` result instead of building one.
     """
-    from legion.runs import load_run
+    from legion.api import load_run
 
     loaded = loaded or load_run(run, checkpoint, overrides)
     actor = loaded.runner.ppo.get_policy()

@@ -156,7 +156,8 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     ``{"newton": rows, "mujoco": rows, "mean": {...}, "loop": control-loop statistics, "steps",
     "control_dt", "onnx"}``; raises ValueError (and the load/export errors) for a bad request.
     """
-    from legion.runs import load_run, load_run_config
+    from legion.api import load_run
+    from legion.configs import load_run_config
     from legion.sim2real.deploy import OnnxPolicy
     from legion.sim2real.export import export_run
     from legion.tasks.mdp.commands import VelocityCommand
@@ -166,7 +167,7 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     events = load_run_config(run).task.events
     still = [f"sim.num_envs={len(commands)}"] + [f"++task.events.{name}.enabled=false" for name in events]
     loaded = load_run(run, checkpoint, [*still, *overrides])
-    env, settings = loaded.env, loaded.settings
+    env, settings = loaded.env, loaded.cfg
     if not isinstance(env.command, VelocityCommand) or not env.robot.floating_base:
         raise ValueError(f"task {settings.task.name} has no velocity command or no floating base; sim2sim compares "
                          "velocity-tracking (locomotion) policies.")

@@ -10,10 +10,10 @@ os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 
 import pytest  # noqa: E402
 
-from legion import runs  # noqa: E402
-from legion.runs import compose, typed  # noqa: E402, F401  (for the tests)
+from legion import api, configs  # noqa: E402
+from legion.configs import compose  # noqa: E402  (for the tests)
 
-runs.setup_process()  # quiet Warp, the kernel cache above
+api.setup_process()  # quiet Warp, the kernel cache above
 
 # quadruped_rough on a small terrain (3 levels x 6 columns of tiles): cheap to build, every terrain type.
 SMALL_TERRAIN = ("task.scene.ground.terrain.num_levels=3", "task.scene.ground.terrain.num_cols=6",
@@ -21,17 +21,17 @@ SMALL_TERRAIN = ("task.scene.ground.terrain.num_levels=3", "task.scene.ground.te
 
 
 def make_env(*overrides: str):
-    return runs.make_env(compose(*overrides))
+    return api.make_env(compose(*overrides))
 
 
 def make_runner(*overrides: str, env=None, log_dir=None):
     """The runner ``agent.mode`` names, on ``env`` or a fresh env of the same config, seeded as training is."""
     import torch
 
-    cfg = typed(compose(*overrides))
+    cfg = compose(*overrides)
     torch.manual_seed(cfg.seed)
-    env = env or runs.make_env(cfg)
-    return runs.make_runner(env, cfg.agent, log_dir=log_dir, device=cfg.device)
+    env = env or api.make_env(cfg)
+    return api.make_runner(env, cfg.agent, log_dir=log_dir, device=cfg.device)
 
 
 @pytest.fixture(scope="session")
@@ -44,17 +44,17 @@ def export_untrained_run(run: Path, *overrides: str, action_std: float = 0.5) ->
     """A run folder (config.yaml, model_1.pt) of 4 envs with an untrained policy whose observation
     normalizer saw 10 steps of random actions (so it is not the identity), exported with
     ``legion export``'s code. Returns the live pieces: run, cfg, env (noise off), runner, actor,
-    loaded (a :class:`legion.runs.LoadedRun`), out (the export folder) and report (its check)."""
+    loaded (a :class:`legion.api.LoadedRun`), out (the export folder) and report (its check)."""
     import torch
 
     from legion.agents.runner import Runner
     from legion.sim2real.export import export_run
 
     cfg = compose(*overrides, "sim.num_envs=4")
-    runs.save_config(cfg, run / "config.yaml")
+    configs.save_config(cfg, run / "config.yaml")
     torch.manual_seed(0)
-    env = runs.make_env(cfg)
-    runner = Runner(env, runs.typed(cfg).agent, log_dir=None)
+    env = api.make_env(cfg)
+    runner = Runner(env, cfg.agent, log_dir=None)
     actor = runner.ppo.get_policy()
     actor.train()
     with torch.inference_mode():
@@ -66,7 +66,7 @@ def export_untrained_run(run: Path, *overrides: str, action_std: float = 0.5) ->
     runner.iteration = 1
     runner.save(run / "model_1.pt")
     env.noise_enabled = False
-    loaded = runs.LoadedRun(run, cfg, env, runner, run / "model_1.pt")
+    loaded = api.LoadedRun(run, cfg, env, runner, run / "model_1.pt")
     out, report = export_run(run, loaded=loaded, steps=10)
     return {"run": run, "cfg": cfg, "env": env, "runner": runner, "actor": actor, "loaded": loaded, "out": out,
             "report": report}

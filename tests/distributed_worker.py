@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run ... tests/distributed_worker.py OUT_DIR [key=value ...]
 
-Trains through legion.runs.train into OUT_DIR/run and writes OUT_DIR/rank<R>.json: a checksum of
+Trains through legion.commands.train into OUT_DIR/run and writes OUT_DIR/rank<R>.json: a checksum of
 the policy's and the critic's weights after every update, and rank 0's training history.
 LEGION_TEST_DIE_AT=<iteration> makes the last rank exit abruptly once it has finished that iteration.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rsl_rl.algorithms import PPO
 
-from legion import runs
+from legion import commands, configs
 
 out, overrides = Path(sys.argv[1]), sys.argv[2:]
 rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -33,7 +33,7 @@ def update_and_checksum(self):
 
 
 PPO.update = update_and_checksum
-runner = runs.train(runs.compose(*overrides), out / "run")
+runner = commands.train(configs.compose(*overrides), out / "run")
 (out / f"rank{rank}.json").write_text(json.dumps({
     "checksums": checksums, "mean_episode_length": runner.mean_episode_length,
     "episodes": runner.log.episodes, "seed_state": runner.env.generator.initial_seed()}))

@@ -156,12 +156,12 @@ def test_a_resumed_run_purges_the_tensorboard_steps_logged_after_its_checkpoint(
 
 
 def test_resume_falls_back_past_a_truncated_newest_checkpoint_with_a_warning_naming_it(tmp_path, capsys):
-    from legion import runs
+    from legion import commands, configs
 
-    runs.train(compose(*SMALL, "agent.save_interval=1", "agent.max_iterations=2"), tmp_path)
+    commands.train(compose(*SMALL, "agent.save_interval=1", "agent.max_iterations=2"), tmp_path)
     data = (tmp_path / "model_2.pt").read_bytes()
     (tmp_path / "model_2.pt").write_bytes(data[: len(data) // 2])  # e.g. a copy cut short, a full disk
     with pytest.warns(UserWarning, match=r"Checkpoint .*model_2\.pt is unreadable .*Falling back to an earlier"):
-        runner = runs.train(runs.load_run_config(tmp_path, ["agent.max_iterations=3"]), tmp_path, resume=True)
+        runner = commands.train(configs.load_run_config(tmp_path, ["agent.max_iterations=3"]), tmp_path, resume=True)
     assert f"resumed from {tmp_path / 'model_1.pt'} at iteration 1" in capsys.readouterr().out
     assert runner.iteration == 3 and load_checkpoint(tmp_path / "model_3.pt")["iteration"] == 3

@@ -15,7 +15,7 @@ import traceback
 import pytest
 import torch
 
-from conftest import ROOT, compose, make_env, make_runner, typed
+from conftest import ROOT, compose, make_env, make_runner
 from legion.agents.async_runner import AsyncRunner
 from legion.agents.checkpoints import latest_checkpoint, load_checkpoint
 from legion.agents.ppo import RolloutBuffer, build_behaviour_ppo, build_ppo, compute_returns_off_policy, vtrace
@@ -124,7 +124,7 @@ def test_vtrace_matches_a_hand_computed_example():
 
 def test_vtrace_on_policy_is_rsl_rl_gae(env):
     """Ratios of 1 (the policy that acted is the learner's): V-trace is GAE, the same bits."""
-    cfg = typed(compose(*SMALL)).agent
+    cfg = compose(*SMALL).agent
     ppo = build_ppo(env, cfg, "cpu")
     obs = env.get_observations()
     with torch.inference_mode():
@@ -146,7 +146,7 @@ def test_stale_rollout_is_learned_from_the_learners_policy_with_truncated_weight
     """Decoupled PPO: after compute_returns_off_policy, the rollout's log-probs and distribution are
     the learner's own (the update's first ratio is 1 and its KL 0, as in sync PPO) and each
     advantage is weighted by min(1, pi_learner / pi_behaviour)."""
-    cfg = typed(compose(*SMALL)).agent
+    cfg = compose(*SMALL).agent
     learner = build_ppo(env, cfg, "cpu", storage=RolloutBuffer(env, STEPS, "cpu"))
     behaviour = build_behaviour_ppo(env, cfg, "cpu", critic=False)  # other initial weights: a stale policy
     behaviour.storage = rollout = learner.storage

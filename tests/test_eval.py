@@ -16,16 +16,16 @@ def still_run(tmp_path_factory):
     """A quadruped_flat run folder whose policy always outputs zero (the robot holds its default
     pose and stands), trained "on a GPU": its config says device cuda:0 and sim.capture_step
     (checkpoints from a GPU load on the CPU: tests/test_agents.py; the captured step becomes eager)."""
-    from legion import runs
+    from legion import api, configs
     from legion.agents.runner import Runner
 
     run = tmp_path_factory.mktemp("still")
     cfg = compose("task=quadruped_flat", "sim.num_envs=4")
-    runs.save_config(cfg, run / "config.yaml")
+    configs.save_config(cfg, run / "config.yaml")
     on_gpu = run / "config.yaml"
     on_gpu.write_text(on_gpu.read_text().replace("device: cpu", "device: cuda:0").replace("capture_step: false",
                                                                                           "capture_step: true"))
-    runner = Runner(runs.make_env(cfg), runs.typed(cfg).agent, log_dir=None)
+    runner = Runner(api.make_env(cfg), cfg.agent, log_dir=None)
     last = [m for m in runner.ppo.get_policy().modules() if isinstance(m, torch.nn.Linear)][-1]
     with torch.no_grad():
         last.weight.zero_()
@@ -70,14 +70,14 @@ def test_fall_rate_counts_episodes_ended_by_a_termination_and_survival_stops_the
 def test_a_run_trained_on_a_gpu_exports_on_a_machine_without_cuda(still_run, tmp_path):
     """play, export and record load a run as eval does: its device=cuda:0 becomes the CPU here,
     unless the command line names a device, which is then checked."""
-    from legion import runs
+    from legion import api, configs
     from legion.sim2real.export import export_run
 
     out, report = export_run(still_run, out_dir=tmp_path / "exported", steps=5)
     assert json.loads((out / "policy.json").read_text())["files"]["policy.onnx"]["bytes"] > 0
     assert report["policy.onnx"]["max_abs_diff"] < report["policy.onnx"]["tolerance"]
-    with pytest.raises(runs.ConfigError, match="device=cuda:0: CUDA is not available here: use device=cpu"):
-        runs.load_run(still_run, overrides=["device=cuda:0"])
+    with pytest.raises(configs.ConfigError, match="device=cuda:0: CUDA is not available here: use device=cpu"):
+        api.load_run(still_run, overrides=["device=cuda:0"])
 
 
 def test_legion_eval_prints_a_table_and_writes_json_and_a_plot_beside_the_run(still_run, tmp_path):
@@ -102,15 +102,15 @@ def test_legion_eval_prints_a_table_and_writes_json_and_a_plot_beside_the_run(st
 def test_on_rough_terrain_eval_reports_the_levels_the_checkpoint_reached_and_holds_them(tmp_path):
     """Levels saved by a 4-env run are dealt out to the 6 evaluation envs and stay put (the
     curriculum is frozen while evaluating)."""
-    from legion import runs
+    from legion import api, configs
     from legion.agents.runner import Runner
     from legion.evaluation import Options, evaluate
 
     cfg = compose("task=quadruped_rough", "sim.num_envs=4", *SMALL_TERRAIN)
-    runs.save_config(cfg, tmp_path / "config.yaml")
-    env = runs.make_env(cfg)
+    configs.save_config(cfg, tmp_path / "config.yaml")
+    env = api.make_env(cfg)
     env.terrain_levels.levels = torch.tensor([2, 2, 1, 1])
-    runner = Runner(env, runs.typed(cfg).agent, log_dir=None)
+    runner = Runner(env, cfg.agent, log_dir=None)
     runner.save(tmp_path / "model_0.pt")
     options = Options(commands={"forward": [1.0, 0.0, 0.0], "stand": [0.0, 0.0, 0.0], "yaw": [0.0, 0.0, 1.0]},
                       envs_per_command=2, duration_s=0.5, settle_s=0.2)

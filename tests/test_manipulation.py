@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import compose, export_untrained_run, lockstep_errors, make_env, make_runner, short_training, typed
+from conftest import compose, export_untrained_run, lockstep_errors, make_env, make_runner, short_training
 
 # Franka Emika's modified (Craig) DH parameters (a, d, alpha) of joints 1-7, then the flange; the
 # hand turns -pi/4 about z and the tool centre point is 0.1034 m further (tasks/assets/arm.xml).
@@ -68,7 +68,7 @@ def test_the_closed_gripper_holds_a_cube_5_s_with_under_5_mm_slip_and_released_i
     the coupling), held in the air for 5 s, then released."""
     from legion.tasks.sim import NewtonSim
 
-    cfg = typed(compose("task=arm_lift"))
+    cfg = compose("task=arm_lift")
     scene = cfg.task.scene
     tcp_home = dh_tcp(np.array(HOME[:7]))[:3, 3].tolist()
     scene.objects["cube"].pos, scene.objects["cube"].mass = tcp_home, 0.2

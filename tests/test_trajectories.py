@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import ROOT, compose
-from legion import runs
+from legion import api, commands, configs
 
 LEGION = [sys.executable, "-m", "legion"]
 RANDOMIZED = ["task.events.push.interval_s=[0.1,0.2]", "task.events.action_delay.enabled=true",
@@ -36,9 +36,9 @@ def make_run(folder, *overrides):
 
     folder.mkdir(parents=True, exist_ok=True)
     cfg = compose(*overrides, "sim.num_envs=4")
-    runs.save_config(cfg, folder / "config.yaml")
+    configs.save_config(cfg, folder / "config.yaml")
     torch.manual_seed(0)
-    runner = Runner(runs.make_env(cfg), runs.typed(cfg).agent, log_dir=None)
+    runner = Runner(api.make_env(cfg), cfg.agent, log_dir=None)
     runner.iteration = 1
     runner.save(folder / "model_1.pt")
     return folder
@@ -133,8 +133,8 @@ def test_recording_while_training_changes_nothing_the_run_learns(tmp_path):
     from legion.sim2real.trajectories import TrajectoryFile
 
     tiny = ["task=cartpole", "sim.num_envs=32", "agent.max_iterations=2", "agent.num_steps_per_env=8"]
-    plain = runs.train(compose(*tiny), tmp_path / "plain")
-    recorded = runs.train(compose(*tiny, "task.record.every=1", "task.record.episodes=2", "task.record.num_envs=2"),
+    plain = commands.train(compose(*tiny), tmp_path / "plain")
+    recorded = commands.train(compose(*tiny, "task.record.every=1", "task.record.episodes=2", "task.record.num_envs=2"),
                           tmp_path / "recorded")
     for a, b in zip(plain.ppo.get_policy().state_dict().values(), recorded.ppo.get_policy().state_dict().values()):
         assert torch.equal(a, b)
@@ -142,8 +142,8 @@ def test_recording_while_training_changes_nothing_the_run_learns(tmp_path):
         with TrajectoryFile(tmp_path / "recorded" / "trajectories" / f"iter_{iteration}.h5") as f:
             assert len(f.episodes) == 2 and f.attrs["checkpoint"].endswith(f"model_{iteration}.pt")
     assert not (tmp_path / "plain" / "trajectories").exists()
-    with pytest.raises(runs.ConfigError, match="task.record.episodes=0: must be > 0"):
-        runs.validate(runs.typed(compose("task=cartpole", "task.record.every=5", "task.record.episodes=0")))
+    with pytest.raises(configs.ConfigError, match="task.record.episodes=0: must be > 0"):
+        api.validate(configs.compose("task=cartpole", "task.record.every=5", "task.record.episodes=0"))
 
 
 # --- damaged files, other models, outputs that exist ------------------------------------------------
@@ -233,7 +233,7 @@ def test_ten_thousand_steps_of_64_envs_record_in_bounded_memory(tmp_path):
 
     cfg = compose("task=cartpole", "sim.num_envs=64", "task.terminations.pole_fell.params.limit=100.0",
                   "task.terminations.cart_off_rail.params.limit=100.0")  # every episode runs its 500 steps
-    env = runs.make_env(cfg)
+    env = api.make_env(cfg)
     steps, rss = [0], {}
 
     def policy(obs):
@@ -280,7 +280,7 @@ def test_a_robot_log_replays_in_newton_joint_by_joint(quadruped, tmp_path):
     run = quadruped["run"]
     out, _ = export_run(run, steps=5)
     runner = PolicyRunner(out / "policy.onnx")
-    settings = runs.typed(runs.load_run_config(run))
+    settings = configs.load_run_config(run)
     robot = MuJoCoRobot(ROOT / "tasks" / "assets" / "quadruped.xml", runner.metadata,
                         options=physics_options("matched", settings.sim))
     logs = tmp_path / "logs"

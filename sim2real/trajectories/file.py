@@ -212,7 +212,7 @@ def config_of(attrs: dict):
     """The config stored in a trajectory file's attributes, as :class:`legion.configs.schema.Train`."""
     from omegaconf import OmegaConf
 
-    from legion.runs import typed
+    from legion.configs import typed
 
     return typed(OmegaConf.create(attrs["config"]))
 

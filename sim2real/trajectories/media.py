@@ -4,7 +4,7 @@ through imageio, PNG through matplotlib.
 Rendering needs an OpenGL that works without a display: ``MUJOCO_GL=egl`` (Debian: libegl1,
 libegl-mesa0, libgl1-mesa-dri; software rendering through Mesa's llvmpipe when there is no GPU)
 or ``MUJOCO_GL=osmesa`` (libosmesa6). MuJoCo picks the backend when it is first imported, so
-:func:`legion.runs.setup_process` sets ``MUJOCO_GL=egl`` unless it is set already.
+:func:`legion.api.setup_process` sets ``MUJOCO_GL=egl`` unless it is set already.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class SceneRenderer:
         if backend is not None and backend.__module__ == "mujoco.glfw" and not os.environ.get("DISPLAY"):
             raise RenderingUnavailable(
                 "MuJoCo was imported with its windowed (GLFW) backend and there is no display: set MUJOCO_GL=egl "
-                "(or osmesa) before Python starts, or call legion.runs.setup_process() before anything imports mujoco.")
+                "(or osmesa) before Python starts, or call legion.api.setup_process() before anything imports mujoco.")
         try:
             self.renderer = mujoco.Renderer(model, height, width)
         except Exception as e:  # no usable OpenGL: say what to install

@@ -15,13 +15,19 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from legion.configs.schema import Train
 from legion.sim2real.trajectories.file import Episode, TrajectoryFileError, TrajectoryWriter, refuse_existing, sha256_file
+
+if TYPE_CHECKING:
+    from legion.api import LoadedRun
+    from legion.tasks.env import LegionEnv
 
 # The view the action term writes its joint command into, per action type.
 TARGET_VIEWS = {"joint_position": "joint_pos_target", "joint_effort": "joint_effort"}
@@ -207,19 +213,15 @@ def versions() -> dict[str, str]:
     return found
 
 
-def file_attrs(cfg, env, source: str = "sim", checkpoint: Path | None = None) -> dict:
+def file_attrs(settings: Train, env, source: str = "sim", checkpoint: Path | None = None) -> dict:
     """The ``/data`` attributes: the resolved config (YAML), what replay needs to rebuild the env
     and check it is the same (robot model hash, versions), and the names that explain the arrays."""
-    from omegaconf import OmegaConf
-
-    from legion.runs import typed
     from legion.tasks.sim import resolve_asset
 
-    settings = typed(cfg)
     robot_file = resolve_asset(settings.task.scene.robot.file)
     robot = env.robot
     return {
-        "source": source, "config": OmegaConf.to_yaml(OmegaConf.structured(settings)),
+        "source": source, "config": _config_yaml(settings),
         "env_args": {"env_name": settings.task.name, "type": "legion",
                      "env_kwargs": {"task": settings.task.name, "seed": settings.seed, "device": settings.device,
                                     "num_envs": env.num_envs}},
@@ -238,17 +240,17 @@ def file_attrs(cfg, env, source: str = "sim", checkpoint: Path | None = None) ->
 
 
 def record_run(run: Path, episodes: int, out: Path | None = None, video_dir: Path | None = None, checkpoint=None,
-               overrides=(), overwrite: bool = False, loaded=None, on_episode=None,
-               size: tuple[int, int] = (480, 640)):
+               overrides=(), overwrite: bool = False, loaded: LoadedRun | None = None, on_episode=None,
+               size: tuple[int, int] = (480, 640)) -> LoadedRun:
     """``legion record`` and ``legion play record= video=``: the run's policy, deterministic and with
     observation noise off, on ``sim.num_envs`` envs (default min(episodes, 16)). Each episode goes
     into the trajectory file ``out`` and/or is rendered to ``video_dir/demo_<k>.mp4`` as it ends;
     ``on_episode(k, episode)`` is called after (printing). Existing outputs are refused unless
-    ``overwrite``. Returns the loaded run (:class:`legion.runs.LoadedRun`).
+    ``overwrite``. Returns the loaded run (:class:`legion.api.LoadedRun`).
     """
     from contextlib import ExitStack
 
-    from legion.runs import load_run, setup_process
+    from legion.api import load_run, setup_process
 
     if out is not None:
         refuse_existing(Path(out), overwrite)
@@ -266,7 +268,7 @@ def record_run(run: Path, episodes: int, out: Path | None = None, video_dir: Pat
         if video_dir is not None:
             from legion.sim2real.trajectories import media
 
-            renderer = media.SceneRenderer(loaded.settings, *size)
+            renderer = media.SceneRenderer(loaded.cfg, *size)
             stack.callback(renderer.close)
             Path(video_dir).mkdir(parents=True, exist_ok=True)
         for k, episode in enumerate(record(loaded.env, policy, episodes)):
@@ -283,32 +285,35 @@ def record_run(run: Path, episodes: int, out: Path | None = None, video_dir: Pat
 class TrainingRecorder:
     """``task.record``: every ``every`` iterations, a checkpoint of the current policy and its
     episodes in ``<run>/trajectories/iter_<k>.h5`` (and MP4s with ``video``). The episodes run in a
-    second env of ``num_envs`` worlds, built at the first recording and kept; the training's random
+    second env, built by the training code's ``make_env(cfg)`` at the first recording and kept
+    (``cfg``: the training's config with ``task.record.num_envs`` worlds); the training's random
     generators are left as they were, so recording does not change what a run learns.
     A :class:`~legion.agents.runner.Runner` calls it after each iteration (``on_iteration``)."""
 
-    def __init__(self, run_dir: Path, settings):
-        self.run_dir, self.cfg, self.device = Path(run_dir), settings.task.record, settings.device
-        self.loaded = None
+    def __init__(self, run_dir: Path, cfg: Train, make_env: Callable[[Train], LegionEnv]):
+        self.run_dir, self.cfg, self.make_env = Path(run_dir), cfg, make_env
+        self.loaded: LoadedRun | None = None
 
     def __call__(self, runner, iteration: int) -> None:
-        from legion.runs import load_run
+        from legion.api import seed_everything, with_policy
 
-        if iteration % self.cfg.every:
+        record = self.cfg.task.record
+        if record.every is None or iteration % record.every:
             return
         out = self.run_dir / "trajectories" / f"iter_{iteration}.h5"
         if out.exists():  # a run resumed from an earlier checkpoint records this iteration again
             out = out.with_name(f"iter_{iteration}_{time.strftime('%Y-%m-%d_%H-%M-%S')}.h5")
-        with _generators_kept(self.device):
+        with _generators_kept(self.cfg.device):
             checkpoint = runner.save()
             if self.loaded is None:
-                self.loaded = load_run(self.run_dir, checkpoint, [f"sim.num_envs={self.cfg.num_envs}"])
+                seed_everything(self.cfg.seed)  # the recording env draws from its own seeded start
+                self.loaded = with_policy(self.run_dir, self.cfg, self.make_env(self.cfg), checkpoint)
             else:
                 self.loaded.runner.load(checkpoint)
                 self.loaded.checkpoint = checkpoint
-            record_run(self.run_dir, self.cfg.episodes, out, out.with_name(out.stem + "_videos") if self.cfg.video
+            record_run(self.run_dir, record.episodes, out, out.with_name(out.stem + "_videos") if record.video
                        else None, loaded=self.loaded)
-        print(f"[legion] recorded {self.cfg.episodes} episodes of iteration {iteration} ({checkpoint.name}) into {out}",
+        print(f"[legion] recorded {record.episodes} episodes of iteration {iteration} ({checkpoint.name}) into {out}",
               flush=True)
 
 
@@ -343,7 +348,7 @@ def convert_robot_log(logs: Path, run: Path, out: Path, overwrite: bool = False)
     turned from the base frame (what the robot logs) into the world frame (what the simulator's
     state holds); a robot that logs no base position gets (0, 0, the task's base height).
     """
-    from legion.runs import load_run_config, typed
+    from legion.configs import load_run_config
     from legion.sim2real.deploy.policy import quat_rotate_inverse
     from legion.tasks.sim import resolve_asset
 
@@ -352,8 +357,7 @@ def convert_robot_log(logs: Path, run: Path, out: Path, overwrite: bool = False)
     files = sorted(logs.glob("episode_*.npz")) if logs.is_dir() else [logs]
     if not files or not all(f.is_file() for f in files):
         raise TrajectoryFileError(f"{logs}: no robot log (episode_*.npz from legion.sim2real.deploy.TrajectoryLog).")
-    cfg = load_run_config(run)
-    settings = typed(cfg)
+    settings = load_run_config(run)
     config_sha256 = sha256_file(Path(run) / "config.yaml")
     robot_file = resolve_asset(settings.task.scene.robot.file)
     episodes, meta = [], None

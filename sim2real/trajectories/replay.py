@@ -128,7 +128,7 @@ def _last(error: np.ndarray) -> float:
 def replay(path: str | Path, mode: str = "actions", episodes=None, device: str | None = None) -> ReplayResult:
     """Replays the episodes of a trajectory file (``episodes``: indices, default all) on ``device``
     (default: the recording's) and returns the comparison. See the module docstring."""
-    from legion import runs
+    from legion import api
     from legion.tasks.sim import resolve_asset
 
     if mode not in MODES:
@@ -160,10 +160,10 @@ def replay(path: str | Path, mode: str = "actions", episodes=None, device: str |
     if source == "robot":  # the robot's physics is the model's own: no randomization, no latency model
         for term in cfg.task.events.values():
             term.enabled = False
-    runs.validate(cfg)
-    runs.setup_process()
-    runs.seed_everything(cfg.seed)
-    env = runs.make_env(cfg)
+    api.validate(cfg)
+    api.setup_process()
+    api.seed_everything(cfg.seed)
+    env = api.make_env(cfg)
     with torch.inference_mode():
         steps = _Replay(env, loaded, source).run(mode, notes)
     recorded, replayed, error, initial = steps

@@ -1,0 +1,199 @@
+"""The library legion-rl's commands, tests, benchmarks and :mod:`legion.sim2real` stand on: from a
+typed config (:mod:`legion.configs`) or a run folder to an env, a learner and a trained policy.
+
+This is where a task (:mod:`legion.tasks`) is wired to a learner (:mod:`legion.agents`); neither
+knows the other. It imports nothing that runs commands (:mod:`legion.commands`, :mod:`legion.cli`)
+and nothing from :mod:`legion.sim2real`. Nothing here reads ``sys.argv`` or exits the process:
+errors are :class:`~legion.configs.ConfigError` / :class:`RunError` with a message that names the
+problem and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from legion.configs import ConfigError, load_run_config, schema
+
+if TYPE_CHECKING:
+    from legion.agents.distributed import Group
+    from legion.agents.runner import Runner
+    from legion.tasks.env import LegionEnv
+
+
+class RunError(ValueError):
+    """A run folder, or a checkpoint in it, is unusable."""
+
+
+# --- process ---------------------------------------------------------------------------------------
+def setup_process() -> None:
+    """Process-wide settings every command shares: quiet Warp with its kernel cache, torch threads,
+    offscreen OpenGL for MuJoCo's renderer (chosen when mujoco is first imported)."""
+    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    import torch
+    import warp as wp
+
+    if os.environ.get("OMP_NUM_THREADS") is None:
+        # One Warp CPU thread simulates; leave torch the rest (PLATFORM.md: oversubscribing 2
+        # cores made torch 10-50x slower).
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
+    wp.config.quiet = True
+    wp.config.log_level = wp.LOG_WARNING  # no per-module load lines
+    if os.environ.get("WARP_CACHE_PATH"):
+        wp.config.kernel_cache_dir = os.environ["WARP_CACHE_PATH"]
+    wp.init()
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def validate(cfg: schema.Train) -> None:
+    """Checks the values a run needs before anything is built; one line per problem."""
+    import torch
+
+    from legion.tasks.sim.solver import SOLVERS
+
+    problems = []
+    sim, agent = cfg.sim, cfg.agent
+    positive = {"sim.num_envs": sim.num_envs, "sim.decimation": sim.decimation, "sim.dt": sim.dt,
+                "agent.num_steps_per_env": agent.num_steps_per_env, "agent.save_interval": agent.save_interval,
+                "agent.log_interval": agent.log_interval, "agent.max_nonfinite_updates": agent.max_nonfinite_updates,
+                "task.episode_length_s": cfg.task.episode_length_s,
+                "agent.algorithm.learning_rate": agent.algorithm.learning_rate,
+                "agent.algorithm.num_learning_epochs": agent.algorithm.num_learning_epochs,
+                "agent.algorithm.num_mini_batches": agent.algorithm.num_mini_batches}
+    problems += [f"{key}={value}: must be > 0" for key, value in positive.items() if not value > 0]
+    if agent.max_iterations is not None and agent.max_iterations < 1:
+        problems.append(f"agent.max_iterations={agent.max_iterations}: must be >= 1 (null: until stopped)")
+    for key, limit in (("agent.keep_last", agent.keep_last), ("agent.keep_every", agent.keep_every),
+                       ("agent.save_every_minutes", agent.save_every_minutes)):
+        if limit is not None and limit <= 0:
+            problems.append(f"{key}={limit}: must be > 0 or null")
+    record = cfg.task.record
+    if record.every is not None:
+        problems += [f"task.record.{key}={getattr(record, key)}: must be > 0"
+                     for key in ("every", "episodes", "num_envs") if not getattr(record, key) > 0]
+    if agent.max_policy_lag < 0:
+        problems.append(f"agent.max_policy_lag={agent.max_policy_lag}: must be >= 0")
+    if agent.mode not in ("sync", "async"):
+        problems.append(f"agent.mode={agent.mode}: choose sync or async")
+    if sim.solver not in SOLVERS:
+        problems.append(f"sim.solver={sim.solver}: choose one of {sorted(SOLVERS)} (configs/sim/)")
+    device = cfg.device
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        problems.append(f"device={device}: use cpu, cuda or cuda:N")
+    elif device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            problems.append(f"device={device}: CUDA is not available here: use device=cpu")
+        elif ":" in device and int(device.split(":")[1]) >= torch.cuda.device_count():
+            problems.append(f"device={device}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                            f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+# --- envs, runners, runs -----------------------------------------------------------------------------
+def make_env(cfg: schema.Train) -> LegionEnv:
+    """The task's env from a composed config."""
+    from legion.tasks.env import LegionEnv
+
+    return LegionEnv(cfg.task, cfg.sim, device=cfg.device, seed=cfg.seed)
+
+
+def make_runner(env: LegionEnv, agent: schema.Agent, log_dir: str | Path | None = None, device: str = "cpu",
+                group: Group | None = None) -> Runner:
+    """The runner for ``agent.mode``: ``sync`` (collect, then update) or ``async`` (overlapped);
+    ``group``: this rank's :class:`~legion.agents.distributed.Group` in a multi-process run."""
+    if agent.mode == "sync":
+        from legion.agents.runner import Runner
+
+        return Runner(env, agent, log_dir, device, group)
+    if agent.mode == "async":
+        from legion.agents.async_runner import AsyncRunner
+
+        return AsyncRunner(env, agent, log_dir, device, group)
+    raise ConfigError(f"agent.mode must be 'sync' or 'async', got '{agent.mode}'")
+
+
+@dataclass
+class LoadedRun:
+    """A trained policy, ready to act: its run folder and config (overrides applied), an env
+    (observation noise off), the runner holding the policy, and the checkpoint it came from."""
+
+    run: Path
+    cfg: schema.Train
+    env: LegionEnv
+    runner: Runner
+    checkpoint: Path
+
+
+def with_policy(run: str | Path, cfg: schema.Train, env: LegionEnv, checkpoint: Path,
+                contents: dict | None = None) -> LoadedRun:
+    """``env`` (observation noise turned off) with the policy of ``checkpoint`` (``contents``: the
+    checkpoint already read) in a runner that logs and saves nothing."""
+    from legion.agents.checkpoints import CheckpointError
+    from legion.agents.runner import Runner
+
+    env.noise_enabled = False
+    runner = Runner(env, cfg.agent, log_dir=None, device=cfg.device)
+    try:
+        runner.load(checkpoint, contents)
+    except CheckpointError as e:
+        raise RunError(str(e)) from None
+    return LoadedRun(Path(run), cfg, env, runner, Path(checkpoint))
+
+
+def load_run(run: str | Path, checkpoint: str | Path | None = None, overrides=(), num_envs: int = 16) -> LoadedRun:
+    """A run's env and its trained policy from a checkpoint (default: its newest good one).
+
+    ``overrides`` are Hydra overrides of the run's config; ``sim.num_envs`` defaults to
+    ``min(num_envs, the run's)``. The checkpoint may come from any device; a run trained on a GPU
+    runs on the CPU where there is no CUDA (``device=...`` overrides that).
+    """
+    from legion.agents.checkpoints import CheckpointError, latest_good_checkpoint, load_checkpoint
+
+    run = Path(run)
+    cfg = load_run_config(run, overrides)
+    if not any(o.lstrip("+").startswith("sim.num_envs=") for o in overrides):
+        cfg.sim.num_envs = min(num_envs, cfg.sim.num_envs)
+    if cfg.device.startswith("cuda") and not any(o.lstrip("+").startswith("device=") for o in overrides):
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"[legion] note: {run} trained on {cfg.device}; this machine has no CUDA, so it runs on the CPU",
+                  flush=True)
+            cfg.device = "cpu"
+    if not cfg.device.startswith("cuda"):
+        cfg.sim.capture_step = False  # a speed setting of a GPU run: the same steps, eager, elsewhere
+    validate(cfg)
+    try:
+        if checkpoint:
+            path = Path(checkpoint)
+            if not path.is_file():
+                found = sorted(p.name for p in run.glob("model_*.pt"))
+                raise RunError(f"{path} does not exist. Checkpoints of this run: {found or 'none'}")
+            contents = load_checkpoint(path)
+        else:
+            path, contents = latest_good_checkpoint(run)
+    except CheckpointError as e:
+        raise RunError(str(e)) from None
+    setup_process()
+    seed_everything(cfg.seed)
+    try:
+        env = make_env(cfg)
+    except ValueError as e:
+        raise RunError(f"the run's config.yaml does not build an env with this code: {e}\nFix it on the command "
+                       "line: key=value changes a key, +key=value adds one, ~key removes one.") from e
+    return with_policy(run, cfg, env, path, contents)
