@@ -1,0 +1,145 @@
+"""The house: every package folder ships in the wheel, and the imports between modules, the ones
+inside functions included, form no cycle and flow one way (configs -> tasks -> agents -> sim2real
+-> commands -> cli)."""
+
+import ast
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "legion"
+
+# Which packages a package may import from (besides itself): the data flow of DESIGN.md. The
+# learning code sees only the VecEnv contract, never a task; the library (legion.api) builds what
+# commands and sim2real use; nothing below the command layer imports it. The root package (only
+# the version) is for everyone.
+MAY_IMPORT = {
+    "legion.configs": set(),
+    "legion.tasks": {"legion.configs"},
+    "legion.agents": {"legion.configs"},
+    "legion.api": {"legion.configs", "legion.tasks", "legion.agents"},
+    "legion.sim2real": {"legion.configs", "legion.tasks", "legion.agents", "legion.api"},
+    "legion.evaluation": {"legion.configs", "legion.tasks", "legion.agents", "legion.api"},
+    "legion.commands": {"legion.configs", "legion.tasks", "legion.agents", "legion.api", "legion.sim2real"},
+    "legion.cli": {"legion.configs", "legion.tasks", "legion.agents", "legion.api", "legion.sim2real",
+                   "legion.evaluation", "legion.commands"},
+    "legion.__main__": {"legion.cli"},
+    "legion": set(),
+}
+
+
+def package_files() -> list[Path]:
+    """Every file of the package as the interpreter finds it: the links legion/tasks -> ../tasks,
+    ... followed (``Path.rglob`` does not follow them before Python 3.13)."""
+    return [Path(folder) / name for folder, subfolders, names in os.walk(PACKAGE, followlinks=True)
+            if "__pycache__" not in Path(folder).parts for name in names]
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of the package, by name."""
+    modules = {}
+    for path in (p for p in package_files() if p.suffix == ".py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package modules ``name`` imports anywhere in its file: at the top, inside functions,
+    under ``TYPE_CHECKING``. ``from a.b import c`` counts as a.b.c where that is a module."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package this module is in
+                base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1], *filter(None, [base])])
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t in modules and t != name}
+    return found
+
+
+def owner(module: str) -> str:
+    """The entry of MAY_IMPORT a module belongs to (its longest matching prefix)."""
+    return max((p for p in MAY_IMPORT if module == p or module.startswith(p + ".")), key=len)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of two or more modules (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(graph)))
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_package_folder_is_in_the_wheel(tmp_path):
+    """A folder of modules without __init__.py (or a package the configured find misses) works in a
+    checkout and would be silently absent from the wheel: build the wheel and compare."""
+    wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert wheel.returncode == 0, wheel.stderr[-3000:]
+    (built,) = tmp_path.glob("legion_rl-*.whl")
+    shipped = set(zipfile.ZipFile(built).namelist())
+    on_disk = {str(p.relative_to(PACKAGE.parent)) for p in package_files()}
+    assert "legion/tasks/env.py" in on_disk
+    assert on_disk - shipped == set(), "in the checkout but not in the wheel (a folder without __init__.py?)"
+    assert {"legion/py.typed", "legion/tasks/assets/quadruped.xml", "legion/configs/train.yaml",
+            "legion/configs/task/arm_lift.yaml"} <= shipped
+    assert not [f for f in shipped if f.split("/")[0] in ("tasks", "agents", "sim2real", "configs", "tests", "bench")]
+
+
+def test_imports_form_no_cycle_and_flow_one_way():
+    modules = package_modules()
+    assert {"legion.tasks.env", "legion.agents.runner", "legion.sim2real.deploy.policy", "legion.configs.schema",
+            "legion.api", "legion.commands", "legion.cli"} <= set(modules)
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    assert "legion.api" in graph["legion.sim2real.trajectories.record"]  # function-level imports are read
+
+    wrong = sorted(f"{name} imports {target}" for name, targets in graph.items() for target in targets
+                   if owner(target) not in (owner(name), "legion") and owner(target) not in MAY_IMPORT[owner(name)])
+    assert not wrong, "imports against the data flow:\n" + "\n".join(wrong)
+
+    found = cycles(graph)
+    assert not found, "import cycles (function-level imports counted):\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_import_scan_sees_a_cycle_and_a_wrong_way_import(tmp_path):
+    """The scan itself: a cycle through a function-level import, and sim2real importing the CLI."""
+    record = tmp_path / "record.py"
+    record.write_text("def f():\n    from legion.commands import train\n")
+    modules = {"legion.sim2real.trajectories.record": record, "legion.commands": ROOT / "legion" / "commands.py"}
+    imported = imports_of("legion.sim2real.trajectories.record", record, modules)
+    assert imported == {"legion.commands"}
+    assert owner("legion.commands") not in MAY_IMPORT[owner("legion.sim2real.trajectories.record")]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
