@@ -1,4 +1,5 @@
-"""Reusable MDP terms. A task's YAML names them; :func:`resolve` turns each entry into a :class:`Term`.
+"""Reusable MDP terms. A task's YAML names them; :func:`resolve` turns each entry into a :class:`Term`,
+which the managers (:mod:`legion.tasks.managers`) call and combine.
 
 Every term is a plain function of the env (plus keyword parameters from the config's ``params``):
 
@@ -6,8 +7,11 @@ Every term is a plain function of the env (plus keyword parameters from the conf
 - rewards ``f(env, **params) -> (num_envs,)``, before weight and control dt
 - terminations ``f(env, **params) -> (num_envs,)`` bool; a task's success condition (``task.success``)
   is a function of the same kind
-- events ``f(env, env_ids, draw, **params)``, writing state or physical parameters of the worlds
-  ``env_ids`` only (:mod:`.events`: modes startup / reset / interval, ranges, curriculum)
+- events ``f(env, mask, draw, **params)``, writing state or physical parameters of the worlds in
+  ``mask`` only (:mod:`.events`)
+
+Commands (:mod:`.commands`: what the policy is asked to do, sampled per env) and the terrain
+curriculum (:mod:`.curriculum`) are classes: they carry state across steps.
 
 ``func`` names a function of this package's module for the kind (``observations``, ...), or a
 task's own as ``"package.module:function"``. Parameters are checked against the function's
@@ -30,24 +34,6 @@ KINDS = {"observations": observations, "rewards": rewards, "terminations": termi
          "success": terminations}
 
 
-def check(task) -> None:
-    """Checks every term of a task config (functions exist, params fit their signatures, event
-    settings), before anything is built: a bad term fails in milliseconds, naming it."""
-    for group, terms in task.observations.items():
-        for name, cfg in terms.items():
-            bind_params(find_function(cfg.func or name, observations, "observations"), cfg.params,
-                        f"task.observations.{group}.{name}")
-    for kind in ("rewards", "terminations"):
-        for name, cfg in getattr(task, kind).items():
-            bind_params(find_function(cfg.func or name, KINDS[kind], kind), cfg.params, f"task.{kind}.{name}")
-    for name, cfg in task.events.items():
-        events.EventTerm(None, name, cfg)
-    if task.success is not None:
-        bind_params(find_function(task.success.func, terminations, "success"), task.success.params, "task.success")
-        if task.success.hold_s < 0:
-            raise ValueError(f"task.success.hold_s: {task.success.hold_s} must be >= 0 seconds.")
-
-
 def resolve(env, kind: str, name: str, cfg, where: str | None = None) -> Term:
     """A :class:`Term` from a config entry (``ObservationTerm``, ``RewardTerm``, ``TerminationTerm``)."""
     func = find_function(cfg.func or name, KINDS[kind], kind)
@@ -63,4 +49,5 @@ def resolve(env, kind: str, name: str, cfg, where: str | None = None) -> Term:
     return term
 
 
-__all__ = ["ACTIONS", "COMMANDS", "Term", "check", "curriculum", "events", "observations", "resolve", "rewards", "terminations"]
+__all__ = ["ACTIONS", "COMMANDS", "KINDS", "Term", "curriculum", "events", "observations", "resolve", "rewards",
+           "terminations"]

@@ -1,0 +1,67 @@
+"""The observation manager: what the policy (and any other group, e.g. the critic) sees.
+
+``task.observations`` names the groups and, in each, its terms in order (schema:
+:class:`legion.configs.schema.ObservationTerm`; functions in :mod:`legion.tasks.mdp.observations`).
+A group's observation is the concatenation of its terms' values, (num_envs, D_group) float32,
+each value ``clip(f(env) + noise) * scale``: ``noise`` uniform in [-noise, noise] per element, in
+the term's own units, times the term's per-env ``noise_scale`` (the ``obs_noise_scale`` event),
+while ``env.noise_enabled``; ``clip`` before ``scale``. The layout (where each term sits in its
+group, its size and modifiers) is measured once, for export metadata: the one definition of what
+the policy sees, from the training env to the robot.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from legion.tasks import mdp
+
+
+class ObservationManager:
+    """The task's observation groups (``task.observations``).
+
+    Attributes:
+        terms: per group, its resolved :class:`~legion.tasks.mdp.Term`\\ s in order.
+    """
+
+    def __init__(self, env, cfg: dict[str, dict]):
+        self.env = env
+        self.terms = {
+            group: [mdp.resolve(env, "observations", name, term, f"task.observations.{group}.{name}")
+                    for name, term in terms.items()]
+            for group, terms in cfg.items()
+        }
+
+    def compute(self) -> TensorDict:
+        """Every group's observation from the current state: a TensorDict of (num_envs, D_group) tensors."""
+        env = self.env
+        groups = {}
+        for group, terms in self.terms.items():
+            parts = []
+            for term in terms:
+                value = term(env)
+                if term.noise and env.noise_enabled:
+                    assert term.noise_scale is not None  # mdp.resolve gives every noisy term one
+                    value = value + env.uniform(-term.noise, term.noise, value.shape) * term.noise_scale
+                if term.clip is not None:
+                    value = value.clamp(-term.clip, term.clip)
+                parts.append(value * term.scale)
+            groups[group] = torch.cat(parts, dim=-1)
+        return TensorDict(groups, batch_size=[env.num_envs], device=env.device)
+
+    def layout(self) -> dict[str, list[dict]]:
+        """Per group, the terms in order: name, function, start, size, scale, clip, params (index
+        tensors as lists). Measures each term's size by calling it on the current state."""
+        layout = {}
+        for group, terms in self.terms.items():
+            entries, start = [], 0
+            for term in terms:
+                size = term(self.env).shape[-1]
+                scale = term.scale.tolist() if isinstance(term.scale, torch.Tensor) else term.scale
+                params = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in term.params.items()}
+                entries.append({"name": term.name, "func": term.func.__name__, "start": start, "size": size,
+                                "scale": scale, "clip": term.clip, "params": params})
+                start += size
+            layout[group] = entries
+        return layout

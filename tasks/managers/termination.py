@@ -1,0 +1,90 @@
+"""The termination manager: which episodes end this control step, and why.
+
+``task.terminations`` names the terms (schema: :class:`legion.configs.schema.TerminationTerm`;
+functions in :mod:`legion.tasks.mdp.terminations`), each (num_envs,) bool. A term marked
+``time_out`` cuts the episode (PPO bootstraps its value) as the episode length limit does;
+any other ends it as a failure. A world whose physics went non-finite is always ended
+(``Episode_Termination/nonfinite``), its state zeroed before anything reads it.
+
+Also here: :class:`SuccessTracker`, the task's success (``task.success``): a condition of the
+same kind as a termination's, which is counted per episode and never ends one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from legion.tasks import mdp
+
+
+class TerminationManager:
+    """The task's termination terms (``task.terminations``) and the episode length limit.
+
+    Attributes:
+        terms: the resolved :class:`~legion.tasks.mdp.Term`\\ s, in config order.
+    """
+
+    def __init__(self, env, cfg: dict):
+        self.env = env
+        self.terms = [mdp.resolve(env, "terminations", name, term) for name, term in cfg.items()]
+
+    def compute(self, log: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(terminated, time_outs)``, each (num_envs,) bool, from the current state; adds each
+        term's share of worlds ``Episode_Termination/<term>`` (and ``.../nonfinite``) to ``log``."""
+        env, sim = self.env, self.env.sim
+        time_outs = env.episode_length_buf >= env.max_episode_length
+        terminated = torch.zeros_like(time_outs)
+        # A world whose physics went non-finite is ended and counted, never propagated.
+        nonfinite = ~torch.isfinite(sim.joint_q).all(1) | ~torch.isfinite(sim.joint_qd).all(1)
+        for term in self.terms:
+            hit = term(env) & ~nonfinite
+            if term.time_out:
+                time_outs |= hit
+            else:
+                terminated |= hit
+            log[f"Episode_Termination/{term.name}"] = hit.float().mean()
+        terminated |= nonfinite
+        log["Episode_Termination/nonfinite"] = nonfinite.float().mean()
+        # Keep the bad numbers out of rewards and observations of this step (the reset follows).
+        sim.joint_q.nan_to_num_(0.0, 0.0, 0.0)
+        sim.joint_qd.nan_to_num_(0.0, 0.0, 0.0)
+        return terminated, time_outs
+
+
+class SuccessTracker:
+    """The task's success (``task.success``): its condition met for ``hold_s`` without a break,
+    latched per episode; it never ends an episode.
+
+    Attributes:
+        succeeded: (num_envs,) bool, the current episode has succeeded.
+        time_s: (num_envs,) [s] episode time at which it succeeded (the hold complete; NaN before).
+        last_succeeded, last_time_s: the same for each env's last finished episode (evaluation
+            reads them after the step that ended it).
+    """
+
+    def __init__(self, env, cfg):
+        self.env, self.term = env, mdp.resolve(env, "success", cfg.func, cfg, "task.success")
+        self.hold_steps = max(1, round(cfg.hold_s / env.step_dt))
+        self.held = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)  # control steps met in a row
+        self.succeeded = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
+        self.time_s = torch.full((env.num_envs,), math.nan, device=env.device)
+        self.last_succeeded, self.last_time_s = self.succeeded.clone(), self.time_s.clone()
+
+    # In-place updates only: the state stays usable whether the env steps in inference mode or not.
+    def step(self) -> None:
+        self.held.copy_(torch.where(self.term(self.env), self.held + 1, 0))
+        now = (self.held >= self.hold_steps) & ~self.succeeded
+        self.time_s.copy_(torch.where(now, self.env.episode_length_buf * self.env.step_dt, self.time_s))
+        self.succeeded |= now
+
+    def reset(self, mask: torch.Tensor, finished: torch.Tensor) -> dict:
+        """Starts new episodes in ``mask``; returns ``Episode_Success/rate``'s sum over ``finished``."""
+        self.last_succeeded.copy_(torch.where(finished, self.succeeded, self.last_succeeded))
+        self.last_time_s.copy_(torch.where(finished, self.time_s, self.last_time_s))
+        successes = (self.succeeded & finished).sum()
+        self.held.masked_fill_(mask, 0)
+        self.succeeded.masked_fill_(mask, False)
+        self.time_s.masked_fill_(mask, math.nan)
+        return {"Episode_Success/rate": successes}
