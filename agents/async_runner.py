@@ -48,8 +48,17 @@ from dataclasses import dataclass
 
 import torch
 
-from legion.agents.ppo import (RolloutBuffer, Stopped, build_behaviour_ppo, clone_tree, compute_returns_off_policy,
-                               load_policy_state, load_weights, policy_state, restore_if_nonfinite)
+from legion.agents.ppo import (
+    RolloutBuffer,
+    Stopped,
+    build_behaviour_ppo,
+    clone_tree,
+    compute_returns_off_policy,
+    load_policy_state,
+    load_weights,
+    policy_state,
+    restore_if_nonfinite,
+)
 from legion.agents.runner import Runner
 from legion.configs.schema import Agent
 
@@ -59,7 +68,7 @@ BEHIND_FRACTION = 0.1
 BEHIND_ITERATIONS = 3
 
 
-def _record_event(device: torch.device):
+def _record_event(device: torch.device) -> torch.cuda.Event | None:
     """CUDA: an event after the work queued so far on this thread's stream; CPU: None."""
     if device.type != "cuda":
         return None
@@ -68,7 +77,7 @@ def _record_event(device: torch.device):
     return event
 
 
-def _wait_event(event, device: torch.device) -> None:
+def _wait_event(event: torch.cuda.Event | None, device: torch.device) -> None:
     """CUDA: this thread's stream waits (on the GPU, not the host) until ``event`` has passed."""
     if event is not None:
         torch.cuda.current_stream(device).wait_event(event)
@@ -118,7 +127,7 @@ class Published:
     version: int
     state: dict  # a copy of policy_state(): networks + normalizers, optimizer, learning rate
     torch_rng: torch.Tensor
-    ready: object  # CUDA event after the copy (None on CPU)
+    ready: torch.cuda.Event | None  # CUDA event after the copy (None on CPU)
 
 
 class AsyncRunner(Runner):
@@ -197,8 +206,8 @@ class AsyncRunner(Runner):
                         print(f"[legion] warning: the learner is behind: the actor waited for a policy update in each "
                               f"of the last {behind} iterations ({report['perf']['actor_wait_s']:.2f}s of "
                               f"{report['wall_s']:.2f}s; update {report['learn_s']:.2f}s vs rollout "
-                              f"{report['collect_s']:.2f}s), so the envs idle. Fewer agent.algorithm.num_learning_epochs "
-                              "or num_mini_batches shorten the update.", flush=True)
+                              f"{report['collect_s']:.2f}s), so the envs idle. Fewer "
+                              "agent.algorithm.num_learning_epochs or num_mini_batches shorten the update.", flush=True)
                     if self.log_dir is not None and self._save_due(report["iteration"]):
                         self.save()  # from the published copy: neither worker pauses
                     for callback in self.on_iteration:
@@ -235,7 +244,7 @@ class AsyncRunner(Runner):
         env state the actor captured at its last rollout boundary."""
         if not self._running:
             return super()._snapshot()
-        published = self._published
+        published = self._latest()
         if published.ready is not None:
             published.ready.synchronize()
         return self._checkpoint(published.state, published.version, self._actor_env_state, published.torch_rng)
@@ -248,6 +257,12 @@ class AsyncRunner(Runner):
         with self._cond:
             self._published = published
             self._cond.notify_all()
+
+    def _latest(self) -> Published:
+        """The newest published version (any thread, while the workers run)."""
+        published = self._published
+        assert published is not None, "learn() publishes a version before it starts the workers"
+        return published
 
     def _learner_loop(self, max_iterations: int | None) -> None:
         ppo = self.ppo
@@ -276,14 +291,15 @@ class AsyncRunner(Runner):
                     losses = ppo.update()  # clears the buffer for the actor
                 except BaseException as e:
                     # Undo the half-done update, so the runner holds version `iteration` exactly.
-                    _wait_event(self._published.ready, self._device)
-                    load_policy_state(ppo, self._published.state)
+                    last_good = self._latest()
+                    _wait_event(last_good.ready, self._device)
+                    load_policy_state(ppo, last_good.state)
                     if isinstance(e, Stopped):
                         return
                     raise
                 # Never publish NaN weights: the actor would act with them. (The published copy was
                 # made by this thread, on this stream: no event to wait for.)
-                nonfinite = restore_if_nonfinite(ppo, losses, self._published.state)
+                nonfinite = restore_if_nonfinite(ppo, losses, self._latest().state)
                 self.iteration += 1
                 action_std = ppo.get_policy().output_std.mean().item()
                 self._publish()
@@ -317,11 +333,11 @@ class AsyncRunner(Runner):
     def _wait_for_version(self, min_version: int) -> Published | None:
         """Backpressure: blocks until a policy of at least ``min_version`` is published."""
         with self._cond:
-            while self._published.version < min_version:
+            while self._latest().version < min_version:
                 if self._stop.is_set():
                     return None
                 self._cond.wait(timeout=0.1)
-            return self._published
+            return self._latest()
 
     def _swap_in(self, published: Published) -> int:
         """The swap point: copies a published version's weights and normalizers into the actor's networks."""
@@ -354,8 +370,9 @@ class AsyncRunner(Runner):
                 for step in range(num_steps):
                     if self._stop.is_set():
                         return
-                    if self._published.version != version:
-                        version = self._swap_in(self._published)
+                    newest = self._latest()
+                    if newest.version != version:
+                        version = self._swap_in(newest)
                     stats.action()
                     actions = behaviour.act(obs)
                     obs, rewards, dones, extras = env.step(actions)
@@ -366,5 +383,6 @@ class AsyncRunner(Runner):
                 rollout.last_obs.copy_(obs)
                 self._actor_env_state = self._env_state()
                 info = {**stats.end(), "collect_s": time.perf_counter() - t0}
-                self._ready.put_nowait((rollout, info, _record_event(self._device)))  # never full: see _wait_for_version
+                # Never full: see _wait_for_version.
+                self._ready.put_nowait((rollout, info, _record_event(self._device)))
                 k += 1

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import TypeVar, cast
 
 import torch
 from rsl_rl.algorithms import PPO
@@ -24,20 +26,25 @@ from tensordict import TensorDict
 
 from legion.configs.schema import Agent
 
+_Tree = TypeVar("_Tree")  # a tensor, or nested dicts/lists/tuples holding tensors
+
 
 def obs_groups_for(obs) -> dict[str, list[str]]:
     """The actor sees the ``policy`` group; the critic ``critic`` if the task has one."""
     return {"actor": ["policy"], "critic": ["critic"] if "critic" in obs.keys() else ["policy"]}
 
 
-def _build_models(obs: TensorDict, num_actions: int, cfg: Agent, critic: bool = True):
-    """MLP actor (Gaussian) and critic, sized from the observations."""
-    groups = obs_groups_for(obs)
+def _build_actor(obs: TensorDict, num_actions: int, cfg: Agent) -> MLPModel:
+    """MLP actor (Gaussian), sized from the observations."""
     actor_cfg = asdict(cfg.actor)
     init_std = actor_cfg.pop("init_noise_std")
-    actor = MLPModel(obs, groups, "actor", num_actions,
-                     distribution_cfg={"class_name": "GaussianDistribution", "init_std": init_std}, **actor_cfg)
-    return actor, MLPModel(obs, groups, "critic", 1, **asdict(cfg.critic)) if critic else NoCritic()
+    return MLPModel(obs, obs_groups_for(obs), "actor", num_actions,
+                    distribution_cfg={"class_name": "GaussianDistribution", "init_std": init_std}, **actor_cfg)
+
+
+def _build_critic(obs: TensorDict, cfg: Agent) -> MLPModel:
+    """MLP critic, sized from the observations (built after the actor: the RNG draws its weights in that order)."""
+    return MLPModel(obs, obs_groups_for(obs), "critic", 1, **asdict(cfg.critic))
 
 
 def build_ppo(env: VecEnv, cfg: Agent, device: str, storage: RolloutStorage | None = None,
@@ -47,7 +54,8 @@ def build_ppo(env: VecEnv, cfg: Agent, device: str, storage: RolloutStorage | No
     ``group``: the :class:`legion.agents.distributed.Group` of a multi-process run; its PPO averages
     gradients and the adaptive learning rate's KL over the ranks and starts from rank 0's weights."""
     obs = env.get_observations()
-    actor, critic = _build_models(obs, env.num_actions, cfg)
+    actor = _build_actor(obs, env.num_actions, cfg)
+    critic = _build_critic(obs, cfg)
     if storage is None:
         storage = RolloutStorage("rl", env.num_envs, cfg.num_steps_per_env, obs, [env.num_actions], device)
     ppo = PPO(actor, critic, storage, device=device, multi_gpu_cfg=group.ppo_cfg if group else None,
@@ -85,8 +93,13 @@ def build_behaviour_ppo(env: VecEnv, cfg: Agent, device: str, critic: bool = Tru
     # Fresh networks draw initial weights from the global RNG; fork it so a seeded run draws
     # the same numbers as sync mode (the weights are overwritten at the first swap anyway).
     with torch.random.fork_rng(devices=[]):
-        actor, critic_model = _build_models(env.get_observations(), env.num_actions, cfg, critic)
-    return PPO(actor, critic_model, storage=None, device=device, **asdict(cfg.algorithm))
+        obs = env.get_observations()
+        actor = _build_actor(obs, env.num_actions, cfg)
+        critic_model = _build_critic(obs, cfg) if critic else NoCritic()
+    # rsl-rl annotates critic: MLPModel and storage: RolloutStorage. This PPO only acts: a NoCritic
+    # (duck-typed: what PPO calls on a critic) will do, and the actor thread sets each rollout's storage.
+    return PPO(actor, critic_model, storage=None,  # pyright: ignore[reportArgumentType]
+               device=device, **asdict(cfg.algorithm))
 
 
 def policy_state(ppo: PPO) -> dict:
@@ -123,18 +136,23 @@ def restore_if_nonfinite(ppo: PPO, losses: dict, last_good: dict) -> list[str]:
     return bad
 
 
-def map_tensors(obj, fn):
-    """A copy of nested dicts/lists/tuples with ``fn`` applied to every tensor in it."""
+def map_tensors(obj: _Tree, fn: Callable[[torch.Tensor], torch.Tensor]) -> _Tree:
+    """A copy of nested dicts/lists/tuples with ``fn`` applied to every tensor in it (same
+    structure, so the same type)."""
+    return cast(_Tree, _map_tensors(obj, fn))
+
+
+def _map_tensors(obj, fn):
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, dict):
-        return {k: map_tensors(v, fn) for k, v in obj.items()}
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(map_tensors(v, fn) for v in obj)
+        return type(obj)(_map_tensors(v, fn) for v in obj)
     return obj
 
 
-def clone_tree(obj):
+def clone_tree(obj: _Tree) -> _Tree:
     """A copy of nested dicts/lists/tuples in which every tensor is cloned (detached)."""
     return map_tensors(obj, lambda t: t.detach().clone())
 
@@ -228,6 +246,7 @@ def compute_returns_off_policy(ppo: PPO, rollout: RolloutBuffer, rho_clip: float
     values = ppo.critic(obs).view(T, N, 1)
     last_values = ppo.critic(st.last_obs)
     actor = ppo.actor
+    assert actor.distribution is not None, "the actor is built with a distribution (_build_actor)"
     actor.distribution.update(actor.mlp(actor.get_latent(obs)))  # the distribution, without sampling
     log_prob = actor.get_output_log_prob(st.actions.flatten(0, 1)).view(T, N, 1)
     # The actor had no critic: bootstrap time-outs here, as rsl-rl's process_env_step does.
@@ -241,5 +260,6 @@ def compute_returns_off_policy(ppo: PPO, rollout: RolloutBuffer, rho_clip: float
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     st.advantages = advantages * torch.exp(log_rhos).clamp(max=rho_clip)
     st.actions_log_prob.copy_(log_prob)
+    assert st.distribution_params is not None, "set by the rollout's first transition"
     for stored, prox in zip(st.distribution_params, actor.output_distribution_params):
         stored.copy_(prox.view_as(stored))

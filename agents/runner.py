@@ -16,9 +16,23 @@ from pathlib import Path
 
 import torch
 
-from legion.agents.checkpoints import CheckpointError, load_checkpoint, prune, rng_states, save_checkpoint, set_rng_states
-from legion.agents.ppo import (RolloutBuffer, Stopped, build_ppo, clone_tree, load_policy_state, policy_state,
-                               restore_if_nonfinite)
+from legion.agents.checkpoints import (
+    CheckpointError,
+    load_checkpoint,
+    prune,
+    rng_states,
+    save_checkpoint,
+    set_rng_states,
+)
+from legion.agents.ppo import (
+    RolloutBuffer,
+    Stopped,
+    build_ppo,
+    clone_tree,
+    load_policy_state,
+    policy_state,
+    restore_if_nonfinite,
+)
 from legion.agents.telemetry import RolloutStats, TrainingLog
 from legion.configs.schema import Agent
 
@@ -68,7 +82,7 @@ class StopRequests:
         self.signal_name = signal.Signals(signum).name
         self.event.set()
 
-    def __enter__(self) -> "StopRequests":
+    def __enter__(self) -> StopRequests:
         self.signal_name = None
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
@@ -149,7 +163,12 @@ class Runner:
         """Writes a checkpoint, by default ``<log_dir>/model_<iteration>.pt`` (then keeps the newest
         ``agent.keep_last`` plus every ``agent.keep_every``-th), and returns its path."""
         snapshot = self._snapshot()
-        path = Path(path) if path else self.log_dir / f"model_{snapshot['iteration']}.pt"
+        if path:
+            path = Path(path)
+        elif self.log_dir is not None:
+            path = self.log_dir / f"model_{snapshot['iteration']}.pt"
+        else:
+            raise ValueError("Runner.save() needs a path: this runner has no log_dir")
         save_checkpoint(snapshot, path)
         self._last_save_time = time.monotonic()
         if self.log_dir is not None and path.parent == self.log_dir:
@@ -281,8 +300,10 @@ class Runner:
                     nonfinite = restore_if_nonfinite(ppo, losses, before_update)
                     self.iteration += 1
                     report = {**stats.end(), "iteration": self.iteration, "losses": losses,
-                              "learning_rate": ppo.learning_rate, "action_std": ppo.get_policy().output_std.mean().item(),
-                              "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0, "nonfinite_update": nonfinite}
+                              "learning_rate": ppo.learning_rate,
+                              "action_std": ppo.get_policy().output_std.mean().item(),
+                              "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0,
+                              "nonfinite_update": nonfinite}
                     self.log.record(report)
                     self._check_physics(report)
                     self._check_update(report)

@@ -36,7 +36,9 @@ def process_memory_mb() -> float:
 
 def format_duration(seconds: float) -> str:
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 class RolloutStats:
@@ -61,7 +63,8 @@ class RolloutStats:
 
     def begin(self) -> None:
         """Starts a new rollout's tallies (the running episodes carry on)."""
-        self.finished = {"count": torch.zeros((), device=self.device), "return_sum": torch.zeros((), device=self.device),
+        self.finished = {"count": torch.zeros((), device=self.device),
+                         "return_sum": torch.zeros((), device=self.device),
                          "length_sum": torch.zeros((), device=self.device)}
         self.env_logs: dict = {}
         self.env_episodes: dict = {}
@@ -127,7 +130,8 @@ class TrainingLog:
 
     def __init__(self, samples_per_iteration: int, log_dir: Path | None, log_interval: int = 1, device: str = "cpu",
                  verbose: bool = True):
-        self.samples, self.log_dir, self.log_interval, self.device = samples_per_iteration, log_dir, log_interval, device
+        self.samples, self.log_dir = samples_per_iteration, log_dir
+        self.log_interval, self.device = log_interval, device
         self.verbose = verbose
         self.recent: deque = deque()  # per iteration: {"count", "return_sum", "length_sum"} of its episodes
         self.history: deque = deque(maxlen=10_000)
@@ -182,7 +186,8 @@ class TrainingLog:
         }
         if torch.device(self.device).type == "cuda":
             perf["gpu_memory_mb"] = torch.cuda.memory_allocated(self.device) / 2**20
-        policy = {"learning_rate": report["learning_rate"], "action_std": report["action_std"], **report.get("policy", {})}
+        policy = {"learning_rate": report["learning_rate"], "action_std": report["action_std"],
+                  **report.get("policy", {})}
         self.history.append({"iteration": it, "time_s": elapsed, "mean_reward": self.mean_return,
                              "mean_episode_length": self.mean_length, **perf, **policy})
         if self.writer is not None:
@@ -195,7 +200,10 @@ class TrainingLog:
             return
         done = it - self.start_iteration
         total = f"/{self.max_iterations}" if self.max_iterations else ""
-        eta = f"ETA {format_duration(elapsed / done * (self.max_iterations - it))}" if self.max_iterations else "until stopped"
+        if self.max_iterations:
+            eta = f"ETA {format_duration(elapsed / done * (self.max_iterations - it))}"
+        else:
+            eta = "until stopped"
         middle = report.get("progress") or f"value loss {report['losses']['value']:.3g}"
         logs = report["env_logs"]  # the env's share of world-steps whose solver hit a limit, if it counts them
         if "Solver/limit_fraction" in logs:
