@@ -9,7 +9,7 @@ import torch
 import warp as wp
 
 from legion.configs.schema import Robot, Scene
-from legion.tasks.sim.scene import Articulation, Fixture, JOINT_PARAMS, RigidObject, build_world, resolve_asset
+from legion.tasks.sim.scene import JOINT_PARAMS, Articulation, Fixture, RigidObject, build_world, resolve_asset
 from legion.tasks.sim.solver import PARAM_FLAGS, SOLVERS
 from legion.tasks.sim.terrain import Terrain, generate
 
@@ -71,75 +71,102 @@ class NewtonSim:
             raise ValueError(f"Need num_envs >= 1, decimation >= 1, dt > 0; got {num_envs}, {decimation}, {dt}.")
         adapter = SOLVERS[solver]
         if scene.contact_sensing and not adapter.senses_contacts:
-            raise ValueError("Contact-force sensing needs sim=mujoco. For sim=xpbd set task.scene.contact_sensing=false "
-                             "and remove the task's contact terms (feet_air_time, undesired_contacts, illegal_contact).")
+            raise ValueError("Contact-force sensing needs sim=mujoco. For sim=xpbd set "
+                             "task.scene.contact_sensing=false and remove the task's contact terms "
+                             "(feet_air_time, undesired_contacts, illegal_contact).")
         self.num_envs, self.dt, self.decimation, self.device = num_envs, dt, decimation, device
         self.physics_dt, self.control_dt = dt, dt * decimation
         self.solver_name = solver
         self.senses_contacts = scene.contact_sensing
+        self._newton = newton
 
+        world, layout = self._build_model(scene, adapter, contact_gap)
+        self._make_views(world)
+        self.solver = adapter(self, dict(solver_options or {}))  # after the views: it reads shapes_per_world
+        self.solver_limits = wp.to_torch(self.solver.limits)  # overwritten by every step
+        self._make_entities(world, layout, scene.robot.file)
+        self._make_reset_masks()
+        self.graph = self._capture() if use_graph else None
+
+    # --- construction, in order ---------------------------------------------------------------
+    def _build_model(self, scene: Scene, adapter, contact_gap: float) -> tuple:
+        """One world from the scene, replicated ``num_envs`` times, the shared ground after them;
+        the finalized model, its state (body poses from the joint coordinates) and control.
+        Returns the one world's builder and its layout (:func:`~.scene.build_world`)."""
+        newton = self._newton
         world = newton.ModelBuilder()
         adapter.prepare_builder(world)
         world.rigid_gap = contact_gap
         layout = build_world(scene, newton, world, contact_gap)
         builder = newton.ModelBuilder()
         builder.rigid_gap = contact_gap
-        builder.replicate(world, num_envs)
-        self.terrain = None
-        if scene.ground is not None:  # shared by all worlds, so it comes after them (shape_world -1)
-            ground = newton.ModelBuilder.ShapeConfig(mu=scene.ground.friction, gap=contact_gap)
-            if scene.ground.terrain is None:
-                builder.add_ground_plane(cfg=ground)
-            else:
-                self.terrain = Terrain(generate(scene.ground.terrain), device)
-                heights, r, (x0, y0) = self.terrain.map.heights, self.terrain.map.resolution, self.terrain.map.corner
-                rows, cols = heights.shape
-                hx, hy = (cols - 1) * r / 2, (rows - 1) * r / 2
-                builder.add_shape_heightfield(
-                    xform=wp.transform((x0 + hx, y0 + hy, 0.0), wp.quat_identity()), cfg=ground, label="terrain",
-                    heightfield=newton.Heightfield(data=heights, nrow=rows, ncol=cols, hx=hx, hy=hy))
-        self.model = model = builder.finalize(device=device)
+        builder.replicate(world, self.num_envs)
+        self._add_ground(builder, scene, contact_gap)
+        self.model = model = builder.finalize(device=self.device)
         self.state, self.control = model.state(), model.control()
-        newton.eval_fk(model, model.joint_q, model.joint_qd, self.state)
-        self._newton = newton
+        newton.eval_fk(model, _allocated(model.joint_q), _allocated(model.joint_qd), self.state)
+        return world, layout
 
-        # --- one world's layout, and zero-copy views of every world ---------------------------
-        n = num_envs
+    def _add_ground(self, builder, scene: Scene, contact_gap: float) -> None:
+        """The ground all worlds share (shape_world -1, so it comes after them): a plane at z = 0,
+        or the generated terrain's heightfield (:attr:`terrain`); none without ``scene.ground``."""
+        self.terrain = None
+        if scene.ground is None:
+            return
+        newton = self._newton
+        ground = newton.ModelBuilder.ShapeConfig(mu=scene.ground.friction, gap=contact_gap)
+        if scene.ground.terrain is None:
+            builder.add_ground_plane(cfg=ground)
+            return
+        self.terrain = Terrain(generate(scene.ground.terrain), self.device)
+        heights, r, (x0, y0) = self.terrain.map.heights, self.terrain.map.resolution, self.terrain.map.corner
+        rows, cols = heights.shape
+        hx, hy = (cols - 1) * r / 2, (rows - 1) * r / 2
+        builder.add_shape_heightfield(
+            xform=wp.transform((x0 + hx, y0 + hy, 0.0), wp.quat_identity()), cfg=ground, label="terrain",
+            heightfield=newton.Heightfield(data=heights, nrow=rows, ncol=cols, hx=hx, hy=hy))
+
+    def _make_views(self, world) -> None:
+        """Zero-copy torch views of every world's state, control and per-env parameters (one
+        world's layout from its builder ``world``), the parameters' defaults, the joint limits
+        and the contact-force buffer."""
+        model, n = self.model, self.num_envs
         coords, dofs = world.joint_coord_count, world.joint_dof_count
         self.bodies_per_world, self.shapes_per_world = bodies, shapes = world.body_count, world.shape_count
-        self.joint_q = wp.to_torch(self.state.joint_q).view(n, coords)  # generalized coordinates
-        self.joint_qd = wp.to_torch(self.state.joint_qd).view(n, dofs)  # generalized velocities
-        self.body_q = wp.to_torch(self.state.body_q).view(n, bodies, 7)  # body poses, world frame
-        self.body_qd = wp.to_torch(self.state.body_qd).view(n, bodies, 6)  # COM linear, angular velocity, world frame
-        self.joint_target_q = wp.to_torch(self.control.joint_target_q).view(n, coords)
-        self.joint_f = wp.to_torch(self.control.joint_f).view(n, dofs)
-        self.shape_body = wp.to_torch(model.shape_body)[:shapes].clone()  # body of each shape (-1: static)
-        self.shape_friction = wp.to_torch(model.shape_material_mu)[: n * shapes].view(n, shapes)
-        self.shape_restitution = wp.to_torch(model.shape_material_restitution)[: n * shapes].view(n, shapes)
-        self.shape_size = wp.to_torch(model.shape_scale)[: n * shapes].view(n, shapes, 3)
-        self.body_mass = wp.to_torch(model.body_mass).view(n, bodies)
-        self.body_com = wp.to_torch(model.body_com).view(n, bodies, 3)
-        self.body_inertia = wp.to_torch(model.body_inertia).view(n, bodies, 3, 3)
+        self.joint_q = _torch(self.state.joint_q).view(n, coords)  # generalized coordinates
+        self.joint_qd = _torch(self.state.joint_qd).view(n, dofs)  # generalized velocities
+        self.body_q = _torch(self.state.body_q).view(n, bodies, 7)  # body poses, world frame
+        self.body_qd = _torch(self.state.body_qd).view(n, bodies, 6)  # COM linear, angular velocity, world frame
+        self.joint_target_q = _torch(self.control.joint_target_q).view(n, coords)
+        self.joint_f = _torch(self.control.joint_f).view(n, dofs)
+        self.shape_body = _torch(model.shape_body)[:shapes].clone()  # body of each shape (-1: static)
+        self.shape_friction = _torch(model.shape_material_mu)[: n * shapes].view(n, shapes)
+        self.shape_restitution = _torch(model.shape_material_restitution)[: n * shapes].view(n, shapes)
+        self.shape_size = _torch(model.shape_scale)[: n * shapes].view(n, shapes, 3)
+        self.body_mass = _torch(model.body_mass).view(n, bodies)
+        self.body_com = _torch(model.body_com).view(n, bodies, 3)
+        self.body_inertia = _torch(model.body_inertia).view(n, bodies, 3, 3)
         for param, array in zip(JOINT_PARAMS, (model.joint_target_ke, model.joint_target_kd, model.joint_effort_limit,
                                                model.joint_friction, model.joint_armature)):
-            setattr(self, param, wp.to_torch(array).view(n, dofs))
-        self.gravity = wp.to_torch(model.gravity)[:n]  # (num_envs, 3) [m/s^2], world frame
+            setattr(self, param, _torch(array).view(n, dofs))
+        self.gravity = _torch(model.gravity)[:n]  # (num_envs, 3) [m/s^2], world frame
         self.defaults = {name: getattr(self, name).clone() for name in PARAM_FLAGS}
-        self._body_inv_mass = wp.to_torch(model.body_inv_mass).view(n, bodies)
-        self._body_inv_inertia = wp.to_torch(model.body_inv_inertia).view(n, bodies, 3, 3)
+        self._body_inv_mass = _torch(model.body_inv_mass).view(n, bodies)
+        self._body_inv_inertia = _torch(model.body_inv_inertia).view(n, bodies, 3, 3)
         self._changed: set[str] = set()
-        lower = wp.to_torch(model.joint_limit_lower).view(n, dofs)[0]
-        upper = wp.to_torch(model.joint_limit_upper).view(n, dofs)[0]
+        lower = _torch(model.joint_limit_lower).view(n, dofs)[0]
+        upper = _torch(model.joint_limit_upper).view(n, dofs)[0]
         self.joint_limits = torch.stack([lower, upper], dim=-1).clone()  # (dofs, 2), the model's
-        self.contact_forces = torch.zeros(n, bodies, 3, device=device)  # [N], world frame
+        self.contact_forces = torch.zeros(n, bodies, 3, device=self.device)  # [N], world frame
         self._contact_out = wp.from_torch(self.contact_forces, dtype=wp.vec3)
-        self.solver = adapter(self, dict(solver_options or {}))
-        self.solver_limits = wp.to_torch(self.solver.limits)  # overwritten by every step
 
-        # --- the entities ------------------------------------------------------------------
-        joint_type = model.joint_type.numpy()[: world.joint_count]
-        self.is_free_joint = [bool(t == newton.JointType.FREE) for t in joint_type]
-        qd_start = model.joint_qd_start.numpy()
+    def _make_entities(self, world, layout: dict, robot_file: str) -> None:
+        """The scene's entities (:attr:`scene`, :attr:`robot`), named by Newton's labels of one world."""
+        model = self.model
+        bodies, shapes = self.bodies_per_world, self.shapes_per_world
+        joint_type = _allocated(model.joint_type).numpy()[: world.joint_count]
+        self.is_free_joint = [bool(t == self._newton.JointType.FREE) for t in joint_type]
+        qd_start = _allocated(model.joint_qd_start).numpy()
         dof_labels = []
         for j, label in enumerate(model.joint_label[: world.joint_count]):
             dof_labels += [_short(label)] * int(qd_start[j + 1] - qd_start[j])
@@ -149,7 +176,7 @@ class NewtonSim:
         for name, (kind, s) in layout.items():
             common = (self, name, s, shape_labels[s.shapes])
             if kind == "robot":
-                entity = Articulation(*common, body_labels[s.bodies], dof_labels[s.dofs], resolve_asset(scene.robot.file))
+                entity = Articulation(*common, body_labels[s.bodies], dof_labels[s.dofs], resolve_asset(robot_file))
             elif kind == "object":
                 entity = RigidObject(*common, body_labels[s.bodies])
             else:
@@ -157,20 +184,21 @@ class NewtonSim:
             self.scene[name] = entity
         self.robot: Articulation = self.scene["robot"]
 
-        # Reset bookkeeping: Newton's per-world reset mask (its last entry stands for the shared
-        # shapes, never reset), and eval_fk's, one entry per articulation (a robot and each free
-        # object are one each): its world's entry (world -1, shared: the last).
-        self._reset_mask = wp.zeros(n + 1, dtype=wp.bool, device=device)
+    def _make_reset_masks(self) -> None:
+        """Newton's per-world reset mask (its last entry stands for the shared shapes, never
+        reset), and eval_fk's, one entry per articulation (a robot and each free object are one
+        each): its world's entry (world -1, shared: the last)."""
+        self._reset_mask = wp.zeros(self.num_envs + 1, dtype=wp.bool, device=self.device)
         self._reset_mask_t = wp.to_torch(self._reset_mask)
-        self._articulation_world = wp.to_torch(model.articulation_world).long().clone()
-        self._fk_mask_t = torch.zeros(len(self._articulation_world), dtype=torch.bool, device=device)
+        self._articulation_world = _torch(self.model.articulation_world).long().clone()
+        self._fk_mask_t = torch.zeros(len(self._articulation_world), dtype=torch.bool, device=self.device)
         self._fk_mask = wp.from_torch(self._fk_mask_t, dtype=wp.bool)
 
-        self.graph = None
-        if use_graph:
-            with wp.ScopedCapture(device=device) as capture:
-                self._simulate()
-            self.graph = capture.graph
+    def _capture(self):
+        """The decimated step (:meth:`_simulate`) recorded as one Warp graph."""
+        with wp.ScopedCapture(device=self.device) as capture:
+            self._simulate()
+        return capture.graph
 
     # ------------------------------------------------------------------------------------
     def _simulate(self) -> None:
@@ -208,7 +236,8 @@ class NewtonSim:
             self._reset_mask_t.zero_()
             self._reset_mask_t[worlds] = True
         self._fk_mask_t.copy_(self._reset_mask_t[self._articulation_world])
-        self._newton.eval_fk(self.model, self.state.joint_q, self.state.joint_qd, self.state, mask=self._fk_mask)
+        self._newton.eval_fk(self.model, _allocated(self.state.joint_q), _allocated(self.state.joint_qd), self.state,
+                             mask=self._fk_mask)
         self.solver.reset(self.state, self._reset_mask)
 
     def ground_height(self, xy: torch.Tensor) -> torch.Tensor:
@@ -243,6 +272,18 @@ class NewtonSim:
             inverse = torch.linalg.inv_ex(torch.where(invertible[..., None, None], inertia, eye)).inverse
             self._body_inv_inertia.copy_(torch.where(invertible[..., None, None], inverse, 0.0))
         self.solver.publish(changed)
+
+
+def _allocated(array: wp.array | None) -> wp.array:
+    """An array of a finalized Newton model, state or control: Newton types them Optional (None
+    until ``finalize`` allocates them)."""
+    assert array is not None, "a Newton model array read before the model was finalized"
+    return array
+
+
+def _torch(array: wp.array | None) -> torch.Tensor:
+    """A zero-copy torch view of an array of a finalized Newton model, state or control."""
+    return wp.to_torch(_allocated(array))
 
 
 def _short(label: str) -> str:
