@@ -48,13 +48,15 @@ DEFAULT_FEATURES = {
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 EPISODES_PATH = "meta/episodes/chunk-000/file-000.parquet"
-ROOT_NAMES = {"root_pose_w": ["x", "y", "z", "qx", "qy", "qz", "qw"], "root_vel_w": ["vx", "vy", "vz", "wx", "wy", "wz"]}
+ROOT_NAMES = {"root_pose_w": ["x", "y", "z", "qx", "qy", "qz", "qw"],
+              "root_vel_w": ["vx", "vy", "vz", "wx", "wy", "wz"]}
 
 
 def frame_features(f: TrajectoryFile, episode: Episode) -> dict[str, tuple[dict, np.ndarray]]:
     """LeRobot features of one episode's frames: name -> (feature spec, values (T, D))."""
-    attrs = f.attrs
-    joints = attrs["joint_names"]
+    joints, layout, action = _joint_names(f), f.attrs["observation_layout"], f.attrs.get("action")
+    # JSON-decoded attributes, as the recorder writes them (legion.sim2real.trajectories.record)
+    assert isinstance(layout, dict) and (action is None or isinstance(action, dict))
     states = episode.group("states")
     parts, names = [], []
     for view in ("root_pose_w", "root_vel_w"):
@@ -64,26 +66,33 @@ def frame_features(f: TrajectoryFile, episode: Episode) -> dict[str, tuple[dict,
     parts += [states["robot/joint_pos"], states["robot/joint_vel"]]
     names += [f"{j}.pos" for j in joints] + [f"{j}.vel" for j in joints]
     columns = {"observation.state": (names, np.concatenate(parts, axis=1))}
-    objects = sorted({key.split("/")[0] for key in states if key.endswith("/root_pose_w") and key != "robot/root_pose_w"})
+    objects = sorted({key.split("/")[0] for key in states
+                      if key.endswith("/root_pose_w") and key != "robot/root_pose_w"})
     if objects:
         columns["observation.environment_state"] = (
             [f"{o}.{n}" for o in objects for n in ROOT_NAMES["root_pose_w"]],
             np.concatenate([states[f"{o}/root_pose_w"] for o in objects], axis=1))
-    for group, terms in attrs["observation_layout"].items():
+    for group, terms in layout.items():
         values = [episode.data[f"obs/{group}/{t['name']}"] for t in terms]
         columns[f"observation.{group}"] = ([f"{t['name']}.{k}" for t in terms for k in range(t["size"])],
                                            np.concatenate(values, axis=1))
     if "commands" in episode.data:
         columns["observation.command"] = (["v_x", "v_y", "yaw_rate"], episode.data["commands"])
-    action = attrs.get("action")
     columns["action"] = (list(action["joints"]) if action else joints, episode.data["actions"])
     features = {key: ({"dtype": "float32", "shape": [values.shape[1]], "names": names},
                       values.astype(np.float32)) for key, (names, values) in columns.items()}
     if "rewards" in episode.data:
         features["next.reward"] = ({"dtype": "float32", "shape": [1], "names": None},
                                    episode.data["rewards"].astype(np.float32)[:, None])
-    features["next.done"] = ({"dtype": "bool", "shape": [1], "names": None}, episode.data["dones"].astype(bool)[:, None])
+    features["next.done"] = ({"dtype": "bool", "shape": [1], "names": None},
+                             episode.data["dones"].astype(bool)[:, None])
     return features
+
+
+def _joint_names(f: TrajectoryFile) -> list[str]:
+    names = f.attrs["joint_names"]
+    assert isinstance(names, list), "a JSON list in every trajectory file"
+    return names
 
 
 def _column(values: np.ndarray, dtype: str) -> pa.Array:
@@ -156,10 +165,11 @@ def to_lerobot(path: str | Path, out: str | Path, video: bool = False, size: tup
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     with TrajectoryFile(path) as f:
-        fps = 1.0 / f.attrs["control_dt"]
+        control_dt = float(f.attrs["control_dt"])
+        fps = 1.0 / control_dt
         if abs(fps - round(fps)) > 1e-6:
             raise TrajectoryFileError(f"LeRobot datasets need a whole number of frames per second; the control dt "
-                                      f"{f.attrs['control_dt']:g} s is {fps:.4g} Hz.")
+                                      f"{control_dt:g} s is {fps:.4g} Hz.")
         fps = int(round(fps))
         task = f.attrs["task"]
         renderer = None
@@ -198,10 +208,11 @@ def _write(f: TrajectoryFile, root: Path, fps: int, task: str, renderer, size) -
             features.update(DEFAULT_FEATURES)
         frame_index = np.arange(length)
         start = sum(e["length"] for e in episodes)
-        columns.update({"timestamp": (None, (frame_index / fps).astype(np.float32)),
-                        "frame_index": (None, frame_index), "episode_index": (None, np.full(length, episode_index)),
-                        "index": (None, start + frame_index), "task_index": (None, np.zeros(length, np.int64))})
-        table = pa.table({key: _column(np.asarray(values), features[key]["dtype"]) for key, (_, values) in columns.items()})
+        frames: dict[str, np.ndarray] = {key: values for key, (_, values) in columns.items()}
+        frames.update({"timestamp": (frame_index / fps).astype(np.float32), "frame_index": frame_index,
+                       "episode_index": np.full(length, episode_index), "index": start + frame_index,
+                       "task_index": np.zeros(length, np.int64)})
+        table = pa.table({key: _column(np.asarray(values), features[key]["dtype"]) for key, values in frames.items()})
         if writer is not None and writer_bytes + table.nbytes > DATA_FILE_SIZE_IN_MB * 2**20:
             writer.close()
             if video is not None:
@@ -218,7 +229,7 @@ def _write(f: TrajectoryFile, root: Path, fps: int, task: str, renderer, size) -
         writer_bytes += table.nbytes
         stats = {key: feature_stats(np.asarray(values, np.float64).reshape(length, -1) if values.ndim > 1
                                     else np.asarray(values, np.float64)[:, None])
-                 for key, (_, values) in columns.items()}
+                 for key, values in frames.items()}
         row = {"episode_index": episode_index, "tasks": [task], "length": length,
                "data/chunk_index": chunk, "data/file_index": file,
                "dataset_from_index": start, "dataset_to_index": start + length}
@@ -226,7 +237,7 @@ def _write(f: TrajectoryFile, root: Path, fps: int, task: str, renderer, size) -
             if video is None:
                 video, video_frames = _video_writer(root / VIDEO_PATH.format(video_key=CAMERA, chunk_index=chunk,
                                                                              file_index=file), fps), 0
-            pixels = _render(renderer, episode, f.attrs["joint_names"], video)
+            pixels = _render(renderer, episode, _joint_names(f), video)
             stats[CAMERA] = {k: (v if k == "count" else v[:, None, None] / 255.0)
                              for k, v in feature_stats(pixels.reshape(-1, 3)).items()}
             stats[CAMERA]["count"] = np.array([length])
