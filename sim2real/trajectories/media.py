@@ -18,10 +18,27 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import mujoco  # noqa: E402  (after MUJOCO_GL)
 
+# mujoco ships no type stubs for its compiled bindings, so pyright cannot see the names its __init__ star-imports
+# from them (mujoco._enums, _functions, _specs, _structs): each import below is marked.
+from mujoco import (  # noqa: E402
+    MjData,  # pyright: ignore[reportAttributeAccessIssue]
+    MjSpec,  # pyright: ignore[reportAttributeAccessIssue]
+    MjvCamera,  # pyright: ignore[reportAttributeAccessIssue]
+    mj_forward,  # pyright: ignore[reportAttributeAccessIssue]
+    mjtBuiltin,  # pyright: ignore[reportAttributeAccessIssue]
+    mjtCamera,  # pyright: ignore[reportAttributeAccessIssue]
+    mjtGeom,  # pyright: ignore[reportAttributeAccessIssue]
+    mjtJoint,  # pyright: ignore[reportAttributeAccessIssue]
+    mjtLightType,  # pyright: ignore[reportAttributeAccessIssue]
+    mjtObj,  # pyright: ignore[reportAttributeAccessIssue]
+    mjtTexture,  # pyright: ignore[reportAttributeAccessIssue]
+    mjtTextureRole,  # pyright: ignore[reportAttributeAccessIssue]
+)
+
 from legion.sim2real.deploy.policy import quat_rotate_inverse  # noqa: E402
 
-SHAPES = {"box": mujoco.mjtGeom.mjGEOM_BOX, "sphere": mujoco.mjtGeom.mjGEOM_SPHERE,
-          "capsule": mujoco.mjtGeom.mjGEOM_CAPSULE, "cylinder": mujoco.mjtGeom.mjGEOM_CYLINDER}
+SHAPES = {"box": mjtGeom.mjGEOM_BOX, "sphere": mjtGeom.mjGEOM_SPHERE,
+          "capsule": mjtGeom.mjGEOM_CAPSULE, "cylinder": mjtGeom.mjGEOM_CYLINDER}
 
 
 class RenderingUnavailable(RuntimeError):
@@ -57,22 +74,22 @@ class SceneRenderer:
         path = resolve_asset(scene.robot.file)
         if path.suffix != ".xml":
             raise ValueError(f"rendering draws the robot from its MJCF; {path.name} is not one (.xml).")
-        spec = mujoco.MjSpec.from_file(str(path))
+        spec = MjSpec.from_file(str(path))
         robot_bodies = len(spec.bodies)  # the world and the robot's bodies come first
         spec.visual.headlight.ambient = [0.35, 0.35, 0.35]
         spec.visual.headlight.diffuse = [0.6, 0.6, 0.6]
-        sky = spec.add_texture(name="legion_sky", type=mujoco.mjtTexture.mjTEXTURE_SKYBOX,
-                               builtin=mujoco.mjtBuiltin.mjBUILTIN_GRADIENT, width=256, height=1536)
+        sky = spec.add_texture(name="legion_sky", type=mjtTexture.mjTEXTURE_SKYBOX,
+                               builtin=mjtBuiltin.mjBUILTIN_GRADIENT, width=256, height=1536)
         sky.rgb1, sky.rgb2 = [0.55, 0.7, 0.85], [0.05, 0.07, 0.1]
-        light = spec.worldbody.add_light(name="legion_sun", type=mujoco.mjtLightType.mjLIGHT_DIRECTIONAL)
+        light = spec.worldbody.add_light(name="legion_sun", type=mjtLightType.mjLIGHT_DIRECTIONAL)
         light.dir, light.diffuse, light.castshadow = [0.3, 0.3, -1.0], [0.6, 0.6, 0.6], True
         if scene.ground is not None:
-            grid = spec.add_texture(name="legion_grid", type=mujoco.mjtTexture.mjTEXTURE_2D,
-                                    builtin=mujoco.mjtBuiltin.mjBUILTIN_CHECKER, width=256, height=256)
+            grid = spec.add_texture(name="legion_grid", type=mjtTexture.mjTEXTURE_2D,
+                                    builtin=mjtBuiltin.mjBUILTIN_CHECKER, width=256, height=256)
             grid.rgb1, grid.rgb2 = [0.25, 0.3, 0.35], [0.35, 0.4, 0.45]
             material = spec.add_material(name="legion_grid", texrepeat=[1, 1], texuniform=True, reflectance=0.1)
-            material.textures[mujoco.mjtTextureRole.mjTEXROLE_RGB] = "legion_grid"
-            spec.worldbody.add_geom(name="legion_ground", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0, 0, 0.5],
+            material.textures[mjtTextureRole.mjTEXROLE_RGB] = "legion_grid"
+            spec.worldbody.add_geom(name="legion_ground", type=mjtGeom.mjGEOM_PLANE, size=[0, 0, 0.5],
                                     material="legion_grid", contype=0, conaffinity=0)
         for name, obj in scene.objects.items():
             body = spec.worldbody.add_body(name=f"legion_{name}")
@@ -83,17 +100,17 @@ class SceneRenderer:
                                     size=_size(fixture.shape, fixture.size), pos=fixture.pos,
                                     quat=_wxyz(fixture.quat), rgba=[0.55, 0.45, 0.35, 1], contype=0, conaffinity=0)
         self.model = model = spec.compile()
-        self.data = mujoco.MjData(model)
+        self.data = MjData(model)
         self.robot_bodies = set(range(1, robot_bodies))
         self.robot_geoms = np.flatnonzero(np.isin(model.geom_bodyid, list(self.robot_bodies)))
         # Where each recorded view goes in qpos: free roots (position, quaternion w first) and joints by name.
         self.free = {}
-        if model.njnt and model.jnt_type[0] == mujoco.mjtJoint.mjJNT_FREE and model.jnt_bodyid[0] in self.robot_bodies:
+        if model.njnt and model.jnt_type[0] == mjtJoint.mjJNT_FREE and model.jnt_bodyid[0] in self.robot_bodies:
             self.free["robot/root_pose_w"] = int(model.jnt_qposadr[0])
         for name in scene.objects:
             self.free[f"{name}/root_pose_w"] = int(model.jnt_qposadr[model.joint(f"legion_{name}").id])
         self.joint_names = [model.joint(j).name for j in range(model.njnt)
-                            if model.jnt_type[j] in (mujoco.mjtJoint.mjJNT_HINGE, mujoco.mjtJoint.mjJNT_SLIDE)
+                            if model.jnt_type[j] in (mjtJoint.mjJNT_HINGE, mjtJoint.mjJNT_SLIDE)
                             and model.jnt_bodyid[j] in self.robot_bodies]
         self.joint_qpos = np.array([model.jnt_qposadr[model.joint(n).id] for n in self.joint_names], dtype=int)
         backend = getattr(mujoco, "GLContext", None)
@@ -105,13 +122,13 @@ class SceneRenderer:
             self.renderer = mujoco.Renderer(model, height, width)
         except Exception as e:  # no usable OpenGL: say what to install
             raise RenderingUnavailable(
-                f"MuJoCo cannot render offscreen here (MUJOCO_GL={os.environ.get('MUJOCO_GL')}): {e}. On Debian/Ubuntu: "
-                "apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri (MUJOCO_GL=egl) or libosmesa6 "
+                f"MuJoCo cannot render offscreen here (MUJOCO_GL={os.environ.get('MUJOCO_GL')}): {e}. "
+                "On Debian/Ubuntu: apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri (MUJOCO_GL=egl) or libosmesa6 "
                 "(MUJOCO_GL=osmesa); set MUJOCO_GL before Python starts.") from e
         # A free camera whose target follows the middle of the robot's geometry (MuJoCo's tracking
         # camera aims at the root body, which leaves a tall robot, e.g. a cart-pole, half out of view).
-        self.camera = mujoco.MjvCamera()
-        self.camera.type = mujoco.mjtCamera.mjCAMERA_FREE
+        self.camera = MjvCamera()
+        self.camera.type = mjtCamera.mjCAMERA_FREE
         self.camera.distance = float(np.clip(1.8 * model.stat.extent, 1.0, 8.0))
         self.camera.elevation, self.camera.azimuth = -20.0, 135.0
 
@@ -128,7 +145,7 @@ class SceneRenderer:
         if missing:
             raise ValueError(f"the trajectory has no positions for the MJCF joints {missing}")
         qpos[self.joint_qpos] = state["robot/joint_pos"][[index[n] for n in self.joint_names]]
-        mujoco.mj_forward(self.model, self.data)
+        mj_forward(self.model, self.data)
         corners = self.data.geom_xpos[self.robot_geoms]
         self.camera.lookat[:] = (corners.min(0) + corners.max(0)) / 2
 
@@ -148,7 +165,7 @@ class SceneRenderer:
         finally:
             self.renderer.disable_segmentation_rendering()
         ids, types = segments[..., 0], segments[..., 1]
-        return float(np.mean(np.isin(ids, self.robot_geoms) & (types == mujoco.mjtObj.mjOBJ_GEOM)))
+        return float(np.mean(np.isin(ids, self.robot_geoms) & (types == mjtObj.mjOBJ_GEOM)))
 
     def close(self) -> None:
         self.renderer.close()
