@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+
 def report(env) -> str:
     """The two tables, as text."""
     import torch

@@ -99,7 +99,8 @@ class JointPositionDeltaAction(JointPositionAction):
     def reset(self, mask: torch.Tensor) -> None:
         super().reset(mask)
         robot, ids = self.env.robot, self.joint_ids
-        robot.joint_pos_target[:, ids] = torch.where(mask[:, None], robot.joint_pos[:, ids], robot.joint_pos_target[:, ids])
+        targets = robot.joint_pos_target[:, ids]
+        robot.joint_pos_target[:, ids] = torch.where(mask[:, None], robot.joint_pos[:, ids], targets)
 
 
 class JointEffortAction(JointPositionAction):

@@ -172,7 +172,8 @@ class PoseCommand(PositionCommand):
     def canonical(self, pose: torch.Tensor) -> torch.Tensor:
         """(..., 7) ``pose`` with its quaternion in :attr:`reference`'s hemisphere."""
         quat = pose[..., 3:7]
-        return torch.cat([pose[..., :3], torch.where((quat * self.reference).sum(-1, keepdim=True) < 0, -quat, quat)], -1)
+        flipped = (quat * self.reference).sum(-1, keepdim=True) < 0
+        return torch.cat([pose[..., :3], torch.where(flipped, -quat, quat)], -1)
 
     def sample(self) -> torch.Tensor:
         draw = super().sample()

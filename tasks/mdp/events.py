@@ -27,6 +27,7 @@ import re
 import torch
 
 from legion.tasks.math import quat_from_yaw, quat_mul
+from legion.tasks.mdp.terms import Selection
 
 MODES = ("startup", "reset", "interval")
 
@@ -50,7 +51,7 @@ def where(mask: torch.Tensor, value: torch.Tensor, current: torch.Tensor) -> tor
 
 # --- episode start (mode reset): perturb the default state the env has just written ------------
 @event(modes=("reset",))
-def joint_pos_scale(env, mask, draw, joints=".*"):
+def joint_pos_scale(env, mask, draw, joints: Selection = ".*"):
     """Positions of the selected robot joints times U(range), per joint, clamped to the joint limits."""
     robot = env.robot
     pos = robot.joint_pos[:, joints]
@@ -59,7 +60,7 @@ def joint_pos_scale(env, mask, draw, joints=".*"):
 
 
 @event(modes=("reset",))
-def joint_pos_offset(env, mask, draw, joints=".*"):
+def joint_pos_offset(env, mask, draw, joints: Selection = ".*"):
     """Positions of the selected robot joints plus U(range) [rad or m], per joint, clamped to the limits."""
     robot = env.robot
     pos = robot.joint_pos[:, joints]
@@ -68,7 +69,7 @@ def joint_pos_offset(env, mask, draw, joints=".*"):
 
 
 @event(modes=("reset",))
-def joint_vel(env, mask, draw, joints=".*"):
+def joint_vel(env, mask, draw, joints: Selection = ".*"):
     """Velocities of the selected robot joints U(range) [rad/s or m/s], per joint."""
     robot = env.robot
     robot.joint_vel[:, joints] = where(mask, draw(len(joints)), robot.joint_vel[:, joints])
@@ -112,7 +113,7 @@ def _floating(env, entity: str, name: str):
 
 # --- contact material ------------------------------------------------------------------------
 @event(domain=(0.01, math.inf))
-def friction(env, mask, draw, entity: str = "robot", bodies=".*"):
+def friction(env, mask, draw, entity: str = "robot", bodies: Selection = ".*"):
     """Friction coefficient U(range) of every shape of the selected bodies, one value per env.
     The entity's own value is the one in effect against the ground (see :mod:`legion.tasks.sim`)."""
     target = env.scene[entity]
@@ -122,7 +123,7 @@ def friction(env, mask, draw, entity: str = "robot", bodies=".*"):
 
 
 @event(domain=(0.0, 0.6))
-def restitution(env, mask, draw, entity: str = "robot", bodies=".*"):
+def restitution(env, mask, draw, entity: str = "robot", bodies: Selection = ".*"):
     """Coefficient of restitution U(range) of the selected bodies' shapes, one value per env.
     Above ~0.6 MuJoCo's soft contacts gain energy at 5 ms steps, hence the domain."""
     target = env.scene[entity]
@@ -133,7 +134,7 @@ def restitution(env, mask, draw, entity: str = "robot", bodies=".*"):
 
 # --- mass properties -------------------------------------------------------------------------
 @event()
-def added_mass(env, mask, draw, entity: str = "robot", bodies="base"):
+def added_mass(env, mask, draw, entity: str = "robot", bodies: Selection = "base"):
     """Mass of each selected body plus U(range) [kg] (inertia scaled with it)."""
     target = env.scene[entity]
     part = env.events.part(f"{entity}.body_mass_added", target.body_mass, 0.0)
@@ -142,7 +143,7 @@ def added_mass(env, mask, draw, entity: str = "robot", bodies="base"):
 
 
 @event(domain=(0.0, math.inf))
-def mass_scale(env, mask, draw, entity: str = "robot", bodies=".*"):
+def mass_scale(env, mask, draw, entity: str = "robot", bodies: Selection = ".*"):
     """Mass of each selected body times U(range), per body (inertia scaled with it)."""
     target = env.scene[entity]
     part = env.events.part(f"{entity}.body_mass_scale", target.body_mass, 1.0)
@@ -151,7 +152,7 @@ def mass_scale(env, mask, draw, entity: str = "robot", bodies=".*"):
 
 
 @event(domain=(0.1, 10.0))
-def size_scale(env, mask, draw, entity: str = "robot", bodies=".*"):
+def size_scale(env, mask, draw, entity: str = "robot", bodies: Selection = ".*"):
     """Every shape of each selected body scaled by U(range), one factor per body (the shapes keep
     their proportions and their place on the body). The mass stays (``mass_scale`` changes it);
     the inertia follows the size (x factor^2)."""
@@ -182,7 +183,7 @@ def _write_mass(env, target):
 
 
 @event()
-def com_offset(env, mask, draw, entity: str = "robot", bodies="base"):
+def com_offset(env, mask, draw, entity: str = "robot", bodies: Selection = "base"):
     """Centre of mass of each selected body moved by U(range) [m] along each body axis."""
     target = env.scene[entity]
     moved = target.defaults["body_com"][:, bodies] + draw(len(bodies), 3)
@@ -199,26 +200,26 @@ def _scale_joint_param(env, mask, draw, name: str, joints: torch.Tensor):
 
 
 @event(domain=(0.0, math.inf))
-def stiffness_scale(env, mask, draw, joints=".*"):
+def stiffness_scale(env, mask, draw, joints: Selection = ".*"):
     """PD stiffness of each selected joint times U(range), per joint."""
     _scale_joint_param(env, mask, draw, "joint_stiffness", joints)
 
 
 @event(domain=(0.0, math.inf))
-def damping_scale(env, mask, draw, joints=".*"):
+def damping_scale(env, mask, draw, joints: Selection = ".*"):
     """PD damping of each selected joint times U(range), per joint."""
     _scale_joint_param(env, mask, draw, "joint_damping", joints)
 
 
 @event(domain=(0.01, math.inf))
-def effort_limit_scale(env, mask, draw, joints=".*"):
+def effort_limit_scale(env, mask, draw, joints: Selection = ".*"):
     """Motor strength: the torque limit of each selected joint times U(range), per joint (it
     clamps the PD torque of position actuators; feed-forward efforts are not clamped)."""
     _scale_joint_param(env, mask, draw, "joint_effort_limit", joints)
 
 
 @event(domain=(0.0, math.inf))
-def joint_friction(env, mask, draw, joints=".*"):
+def joint_friction(env, mask, draw, joints: Selection = ".*"):
     """Dry friction loss U(range) [N m] of each selected joint, per joint."""
     robot = env.robot
     robot.joint_friction[:, joints] = where(mask, draw(len(joints)), robot.joint_friction[:, joints])
@@ -226,7 +227,7 @@ def joint_friction(env, mask, draw, joints=".*"):
 
 
 @event(domain=(0.0, math.inf))
-def joint_armature(env, mask, draw, joints=".*"):
+def joint_armature(env, mask, draw, joints: Selection = ".*"):
     """Armature (reflected rotor inertia) U(range) [kg m^2] of each selected joint, per joint."""
     robot = env.robot
     robot.joint_armature[:, joints] = where(mask, draw(len(joints)), robot.joint_armature[:, joints])

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any
 
 import torch
+
+Selection = Any
+"""The type of a ``joints`` / ``bodies`` parameter: name patterns (a regex, or a list of them) in
+the config and in the function's default, a (k,) long index tensor when the term is called
+(:func:`bind_params` resolves it once). No one static type is both, hence ``Any``."""
 
 
 @dataclass
@@ -42,7 +48,7 @@ def find_function(func_name: str, module, kind: str) -> Callable:
                              f"{'@event function' if kind == 'events' else 'function'} {attr}.")
         return func
     func = getattr(module, func_name, None)
-    if func_name.startswith("_") or func not in available(module, kind).values():
+    if func is None or func_name.startswith("_") or func not in available(module, kind).values():
         raise ValueError(f"Unknown {kind} term '{func_name}'. Available: {sorted(available(module, kind))} "
                          "(or 'package.module:function' for a term of your own).")
     return func

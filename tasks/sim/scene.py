@@ -122,7 +122,8 @@ def _volume(cfg: RigidObjectCfg | FixtureCfg, where: str) -> float:
 def _add_shape(world, body: int, cfg, shape_cfg, label: str, xform=None) -> None:
     size = list(cfg.size)
     if cfg.shape == "box":
-        world.add_shape_box(body, xform=xform, hx=size[0] / 2, hy=size[1] / 2, hz=size[2] / 2, cfg=shape_cfg, label=label)
+        world.add_shape_box(body, xform=xform, hx=size[0] / 2, hy=size[1] / 2, hz=size[2] / 2, cfg=shape_cfg,
+                            label=label)
     elif cfg.shape == "sphere":
         world.add_shape_sphere(body, xform=xform, radius=size[0], cfg=shape_cfg, label=label)
     elif cfg.shape == "capsule":
@@ -199,28 +200,31 @@ class _Body(Entity):
         """Indices (into this entity's bodies) of the names fully matching a regex, or any of a list."""
         return _match(pattern, self.body_names, "body", self.name)
 
-    def _floating(self) -> None:
-        if not self.floating_base:
+    def _root(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The free root's ``root_quat_w``, ``root_lin_vel_w``, ``root_ang_vel_w`` (None on a fixed base)."""
+        quat, lin_vel, ang_vel = self.root_quat_w, self.root_lin_vel_w, self.root_ang_vel_w
+        if quat is None or lin_vel is None or ang_vel is None:
             raise ValueError(f"{self.name} has a fixed base: it has no root velocity.")
+        return quat, lin_vel, ang_vel
 
     @property
     def root_lin_vel_b(self) -> torch.Tensor:
         """(num_envs, 3) [m/s] root linear velocity in the root's own frame."""
-        self._floating()
-        return quat_rotate_inverse(self.root_quat_w, self.root_lin_vel_w)
+        quat, lin_vel, _ = self._root()
+        return quat_rotate_inverse(quat, lin_vel)
 
     @property
     def root_ang_vel_b(self) -> torch.Tensor:
         """(num_envs, 3) [rad/s] root angular velocity in the root's own frame."""
-        self._floating()
-        return quat_rotate_inverse(self.root_quat_w, self.root_ang_vel_w)
+        quat, _, ang_vel = self._root()
+        return quat_rotate_inverse(quat, ang_vel)
 
     @property
     def projected_gravity_b(self) -> torch.Tensor:
         """(num_envs, 3) unit gravity direction in the root's frame: (0, 0, -1) when level."""
-        self._floating()
+        quat = self._root()[0]
         gravity = self.sim.gravity
-        return quat_rotate_inverse(self.root_quat_w, gravity / gravity.norm(dim=-1, keepdim=True))
+        return quat_rotate_inverse(quat, gravity / gravity.norm(dim=-1, keepdim=True))
 
 
 class Articulation(_Body):
