@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -72,9 +73,12 @@ def join(device: str, timeout_s: float = 600.0) -> tuple[Group, str]:
     return Group(rank, local_rank, world_size, backend), device
 
 
-def broadcast(obj, group: Group):
+T = TypeVar("T")
+
+
+def broadcast(obj: T, group: Group) -> T:
     """Rank 0's ``obj`` on every rank (pickled; e.g. a checkpoint, so only rank 0 reads files)."""
-    box = [obj if group.is_main else None]
+    box = [obj]  # the other ranks' is replaced by rank 0's
     dist.broadcast_object_list(box, src=0)
     return box[0]
 

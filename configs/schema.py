@@ -331,6 +331,7 @@ def typed(cfg) -> Train:
         root = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Train), plain))
     except Exception as e:
         raise SchemaError(describe(e)) from None
+    assert isinstance(root, Train)  # a structured config's object is its dataclass
     _type_entries(root, "")
     return root
 
@@ -351,22 +352,22 @@ def _type_entries(node, path: str) -> None:
                     try:
                         items[name] = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind), entry or {}))
                     except Exception as e:
-                        raise SchemaError(describe(e, f"{prefix}{name}.", kind)) from None
+                        raise SchemaError(describe(e, f"{prefix}{name}.")) from None
         elif dataclasses.is_dataclass(value):
             _type_entries(value, f"{where}.")
 
 
-def describe(error: Exception, prefix: str = "", node: type = None) -> str:
+def describe(error: Exception, prefix: str = "") -> str:
     """One message for an OmegaConf error: the full key, what is wrong, and the valid keys where
-    a key was not found. ``prefix``/``node``: the path and schema of the entry being checked."""
+    a key was not found. ``prefix``: the path of the entry being checked."""
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue
 
-    cause = error
+    cause: BaseException | None = error
     while cause is not None and getattr(cause, "full_key", None) is None:
         cause = cause.__cause__ or cause.__context__
     if cause is None:
         return str(error).strip()
-    key = f"{prefix}{cause.full_key}"
+    key = f"{prefix}{getattr(cause, 'full_key')}"
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
         parent, _, leaf = key.rpartition(".")
         keys = keys_at(parent)

@@ -41,7 +41,6 @@ def setup_process() -> None:
         # One Warp CPU thread simulates; leave torch the rest (PLATFORM.md: oversubscribing 2
         # cores made torch 10-50x slower).
         torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
-    wp.config.quiet = True
     wp.config.log_level = wp.LOG_WARNING  # no per-module load lines
     if os.environ.get("WARP_CACHE_PATH"):
         wp.config.kernel_cache_dir = os.environ["WARP_CACHE_PATH"]

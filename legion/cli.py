@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TypeVar
 
 USAGE = """usage: legion <command> [key=value ...]
 
@@ -187,6 +188,9 @@ TRAINING_STACK = {"torch", "warp", "newton", "mujoco", "mujoco_warp", "rsl_rl", 
                   "tensorboard", "onnx", "h5py", "imageio", "pyarrow", "matplotlib"}
 
 
+Number = TypeVar("Number", int, float)
+
+
 class UsageError(Exception):
     """Bad arguments: printed as one message, exit code 2."""
 
@@ -214,7 +218,7 @@ def parse_run_args(args: list[str], help_text: str, options: dict) -> tuple[Path
     return Path(run[0]), chosen, overrides
 
 
-def _number(name: str, value: str, kind=int):
+def _number(name: str, value: str, kind: type[Number] = int) -> Number:
     try:
         return kind(value)
     except ValueError:
@@ -342,7 +346,7 @@ def evaluate(args: list[str]) -> None:
                                 episodes=_number("episodes", options["episodes"]),
                                 randomization=options["randomization"])
     loaded = evaluation.load(run, chosen, options["checkpoint"], overrides)
-    if loaded.cfg.task.command.type in evaluation.GOAL_COMMANDS:
+    if loaded.cfg.task.command is not None and loaded.cfg.task.command.type in evaluation.GOAL_COMMANDS:
         what = f"{chosen.episodes} episodes on {chosen.envs_per_command} envs"
     else:
         what = f"{len(commands)} commands x {chosen.envs_per_command} envs x {chosen.duration_s:g} s"

@@ -88,7 +88,7 @@ def load(run: str | Path, options: Options, checkpoint=None, overrides=()) -> Lo
                  f"task.episode_length_s={max(cfg.task.episode_length_s, options.duration_s + 1.0)}"]
     if options.randomization == "off":
         setup += [f"++task.events.{name}.enabled=false" for name in cfg.task.events]
-    if cfg.task.scene.ground is not None and cfg.task.scene.ground.get("terrain") is not None:
+    if cfg.task.scene.ground is not None and cfg.task.scene.ground.terrain is not None:
         setup.append("task.scene.ground.terrain.curriculum=false")  # levels come from the checkpoint
     with warnings.catch_warnings():
         if options.randomization == "off":  # the checkpoint's ranges of the terms turned off here
@@ -138,16 +138,16 @@ def locomotion(loaded: LoadedRun, options: Options) -> dict:
 
     from legion.tasks.mdp.commands import VelocityCommand
 
-    env = loaded.env
-    if not isinstance(env.command, VelocityCommand) or not env.robot.floating_base:
+    env, command = loaded.env, loaded.env.command
+    if not isinstance(command, VelocityCommand) or not env.robot.floating_base:
         raise ValueError(f"task {loaded.cfg.task.name} has no velocity command or no floating base: "
                          "locomotion metrics need both.")
     names = list(options.commands)
     per, count = options.envs_per_command, len(names)
-    ranges = env.command.ranges  # (3, 2): [low, high] of v_x, v_y, yaw rate
+    ranges = command.ranges  # (3, 2): [low, high] of v_x, v_y, yaw rate
     asked = torch.tensor([options.commands[n] for n in names], dtype=torch.float32, device=env.device)
     held = torch.minimum(torch.maximum(asked, ranges[:, 0]), ranges[:, 1])
-    env.command.hold(held.repeat_interleave(per, dim=0))
+    command.hold(held.repeat_interleave(per, dim=0))
     steps = round(options.duration_s / env.step_dt)
     settle = round(options.settle_s / env.step_dt)
     robot, dt, n = env.robot, env.step_dt, env.num_envs
@@ -158,6 +158,9 @@ def locomotion(loaded: LoadedRun, options: Options) -> dict:
     mass = robot.body_mass.sum(dim=1)
     gravity = env.sim.gravity.norm(dim=1)
 
+    lin_vel_w = robot.root_lin_vel_w
+    assert lin_vel_w is not None  # a floating base (checked above) has its root's views
+
     def observe(t: int, running, failed) -> None:
         velocity = torch.cat([robot.root_lin_vel_b[:, :2], robot.root_ang_vel_b[:, 2:]], dim=1)  # (n, 3)
         live = running.float()
@@ -167,13 +170,13 @@ def locomotion(loaded: LoadedRun, options: Options) -> dict:
         series[t] = (velocity * live[:, None]).view(count, per, 3).sum(1) / group_live[:, None]
         if t < settle:
             return
-        error = velocity - env.command.value
+        error = velocity - command.value
         sums["err_xy"].add_(error[:, :2].norm(dim=1) * live)
         sums["err_yaw"].add_(error[:, 2].abs() * live)
         sums["steps"].add_(live)
         power = (env.action.applied_torque() * robot.joint_vel[:, env.action.joint_ids]).abs().sum(dim=1)
         sums["energy"].add_(power * dt * live)
-        sums["path"].add_(robot.root_lin_vel_w[:, :2].norm(dim=1) * dt * live)
+        sums["path"].add_(lin_vel_w[:, :2].norm(dim=1) * dt * live)
 
     rollout(loaded, steps, observe)
     group = lambda x: x.view(count, per)  # noqa: E731
@@ -186,9 +189,10 @@ def locomotion(loaded: LoadedRun, options: Options) -> dict:
         "survival_s": group(survived).mean(1),
         "power_w": group(sums["energy"]).sum(1) / (measured * dt),
         "cost_of_transport": group(sums["energy"]).sum(1) / (group(mass * gravity * sums["path"]).sum(1)).clamp(min=1e-9),
-        "terrain_level": group(levels).mean(1) if levels is not None else None,
     }
-    result = {k: v.tolist() if v is not None else None for k, v in result.items()}  # the one read-back
+    if levels is not None:
+        result["terrain_level"] = group(levels).mean(1)
+    result = {k: v.tolist() for k, v in result.items()}  # the one read-back
     held, asked = ([[round(v, 6) for v in c] for c in x.tolist()] for x in (held, asked))
     rows = []
     for i, name in enumerate(names):
@@ -258,12 +262,14 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
     the goal and the body's final position in the base frame, ``goal_b_m`` and ``final_b_m``), in
     the order they ended. Every world counts ``ceil(episodes / num_envs)`` episodes at most.
     """
-    env = loaded.env
-    if env.success is None:
-        raise ValueError(f"task {env.cfg.name} defines no success (task.success): there is no success rate to "
-                         "measure. Add a success section to its config (see configs/task/arm_reach.yaml).")
-    command = env.command
-    has_orientation = hasattr(command, "orientation_error")
+    from legion.tasks.mdp.commands import PoseCommand, PositionCommand
+
+    env, command, success = loaded.env, loaded.env.command, loaded.env.success
+    if success is None:
+        raise ValueError(f"task {loaded.cfg.task.name} defines no success (task.success): there is no success rate "
+                         "to measure. Add a success section to its config (see configs/task/arm_reach.yaml).")
+    if not isinstance(command, PositionCommand):
+        raise ValueError(f"task {loaded.cfg.task.name} has no position or pose command: no goal to measure.")
     policy = loaded.runner.ppo.get_policy()
     policy.eval()
     records: list[dict] = []
@@ -275,7 +281,7 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
     policy.reset()
     while len(records) < options.episodes:
         position_error = command.position_error()
-        orientation_error = command.orientation_error() if has_orientation else None
+        orientation_error = command.orientation_error() if isinstance(command, PoseCommand) else None
         goal_b, final_b = command.value[:, :3].clone(), command.position_b()
         # The step that ends an episode also zeroes its sums: keep them (its own reward is added below).
         sums = {name: s.clone() for name, s in env.episode_sums.items()}
@@ -286,13 +292,13 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
             if counted[i] == quota or len(records) == options.episodes:
                 continue
             counted[i] += 1
-            success = bool(env.success.last_succeeded[i])
+            succeeded = bool(success.last_succeeded[i])
             records.append({
                 "env": i,
-                "success": success,
-                "time_to_success_s": float(env.success.last_time_s[i]) if success else None,
+                "success": succeeded,
+                "time_to_success_s": float(success.last_time_s[i]) if succeeded else None,
                 "final_position_error_m": float(position_error[i]),
-                "final_orientation_error_rad": float(orientation_error[i]) if has_orientation else None,
+                "final_orientation_error_rad": float(orientation_error[i]) if orientation_error is not None else None,
                 "goal_b_m": goal_b[i].tolist(),
                 "final_b_m": final_b[i].tolist(),
                 "rewards": {name: float(sums[name][i] + env.reward_values[name][i]) / episode_s for name in sums},

@@ -25,6 +25,10 @@ import json
 import re
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from legion.api import LoadedRun
 
 OPSET = 17
 FP32_TOLERANCE = 1e-5
@@ -57,12 +61,13 @@ def legion_version() -> str:
 
 
 # --- metadata --------------------------------------------------------------------------------
-def build_metadata(loaded, actor) -> dict:
+def build_metadata(loaded: LoadedRun, actor) -> dict:
     """Everything a robot needs besides the network, as JSON-able values (lists, floats, str), from
     a loaded run (:class:`legion.api.LoadedRun`): its env, its runner and its config."""
     import torch
 
     from legion.tasks.mdp import rewards, terminations
+    from legion.tasks.mdp.commands import PoseCommand
 
     env, settings = loaded.env, loaded.cfg
     robot, task = env.robot, settings.task
@@ -78,7 +83,7 @@ def build_metadata(loaded, actor) -> dict:
     for name, entry in env.state_dict()["randomization"].items():
         spec = dataclasses.asdict(task.events[name])
         randomization[name] = {**{k: v for k, v in spec.items() if v is not None}, **entry}
-    tracking = {"lin_vel_xy": None, "ang_vel_z": None}
+    tracking: dict[str, dict | None] = {"lin_vel_xy": None, "ang_vel_z": None}
     for term in env.reward_terms:
         for key, func in (("lin_vel_xy", rewards.track_lin_vel_xy_exp), ("ang_vel_z", rewards.track_ang_vel_z_exp)):
             if term.func is func:
@@ -115,7 +120,7 @@ def build_metadata(loaded, actor) -> dict:
 
     nominal = robot.defaults  # world 0 holds the model's own values before randomization
     command = dataclasses.asdict(task.command) if task.command else None
-    if hasattr(env.command, "reference"):  # a pose command's quaternion takes this one's sign (PoseCommand)
+    if command is not None and isinstance(env.command, PoseCommand):  # its quaternion takes this one's sign
         command["quat_reference"] = floats(env.command.reference)
     return {
         "metadata_version": 2,
@@ -167,8 +172,9 @@ def to_onnx(actor, metadata: dict | None = None):
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
         # dynamo=False: the TorchScript exporter (PLATFORM.md: ~15x faster, needs no onnxscript).
-        torch.onnx.export(module, module.get_dummy_inputs(), buffer, opset_version=OPSET, input_names=inputs,
-                          output_names=outputs, dynamic_axes=dynamic_axes, dynamo=False)
+        # A file-like object is documented for f; torch 2.13's annotation names paths only.
+        torch.onnx.export(module, module.get_dummy_inputs(), buffer, opset_version=OPSET,  # pyright: ignore[reportArgumentType]
+                          input_names=inputs, output_names=outputs, dynamic_axes=dynamic_axes, dynamo=False)
     model = onnx.load_from_string(buffer.getvalue())
     return with_metadata(model, metadata) if metadata else model
 
@@ -302,7 +308,7 @@ def export_policy(actor, metadata: dict, observations: list, out_dir: Path) -> d
     expected = reference_actions(actor, observations)
     model = to_onnx(actor, metadata)
     half = to_fp16(model, metadata)
-    report = {"observations": sum(obs.batch_size[0] for obs in observations)}
+    report: dict = {"observations": sum(obs.batch_size[0] for obs in observations)}
     files = {}
     for name, proto, tolerance in (("policy.onnx", model, FP32_TOLERANCE), ("policy_fp16.onnx", half, FP16_TOLERANCE)):
         ops = check_model(proto, name)

@@ -65,7 +65,8 @@ def run_newton(env, policy, commands: np.ndarray, steps: int) -> list[dict]:
     n = len(commands)
     groups = policy.metadata["observation"]["groups"]
     state = policy.initial_state(n)
-    lin, ang, fell_at = [], [], [None] * n
+    lin, ang = [], []
+    fell_at: list[int | None] = [None] * n
     with torch.inference_mode():  # as in training: the env's buffers are inference tensors
         env.command.hold(commands)  # one command per env, kept across the episode
         env.reset()

@@ -9,6 +9,8 @@ options stay the MJCF's own (MuJoCo's defaults where it sets none) unless ``opti
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mujoco
 import numpy as np
 
@@ -26,7 +28,7 @@ class MuJoCoRobot:
             implicitfast, pyramidal cone, Newton solver).
     """
 
-    def __init__(self, model_path: str, metadata: dict, floor_friction: float = 1.0, options: dict | None = None):
+    def __init__(self, model_path: str | Path, metadata: dict, floor_friction: float = 1.0, options: dict | None = None):
         spec = mujoco.MjSpec.from_file(str(model_path))
         floor = spec.worldbody.add_geom()
         floor.name, floor.type, floor.size = "legion_floor", mujoco.mjtGeom.mjGEOM_PLANE, [0.0, 0.0, 1.0]

@@ -13,6 +13,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -150,7 +151,8 @@ class TrajectoryFile:
             if not isinstance(data, h5py.Group) or "format_version" not in data.attrs:
                 raise TrajectoryFileError(f"{path} is an HDF5 file but not a legion trajectory file "
                                           "(no /data group with a format_version).")
-            self.attrs = {key: _decode(value) for key, value in data.attrs.items()}
+            self.data = data
+            self.attrs: dict[str, Any] = {key: _decode(value) for key, value in data.attrs.items()}
             if self.attrs["format_version"] > FORMAT_VERSION:
                 raise TrajectoryFileError(f"{path} has format version {self.attrs['format_version']}; this legion-rl "
                                           f"reads up to {FORMAT_VERSION}. Update legion-rl.")
@@ -188,11 +190,15 @@ class TrajectoryFile:
 
     def episode(self, name: str) -> Episode:
         """An episode's arrays and attributes, read and checksum-verified."""
-        group = self.file["data"][name]
+        group = self.data[name]
+        if not isinstance(group, h5py.Group):
+            raise TrajectoryFileError(f"{self.path}: data/{name} is not an episode group. Episodes: {self.episodes}")
         data = {}
         for key in _datasets(group):
+            dataset = group[key]
+            assert isinstance(dataset, h5py.Dataset)  # _datasets lists datasets only
             try:
-                data[key] = group[key][()]
+                data[key] = dataset[()]
             except OSError as e:
                 raise TrajectoryFileError(f"{self.path}: data/{name}/{key} cannot be read ({e}): the file is "
                                           "corrupt. Record or convert it again.") from None
@@ -228,7 +234,7 @@ def _attr(value):
     return json.dumps(value) if isinstance(value, (dict, list, tuple)) or value is None else value
 
 
-def _decode(value):
+def _decode(value) -> Any:
     if isinstance(value, bytes):
         value = value.decode()
     if isinstance(value, str) and (value[:1] in "[{" or value == "null"):

@@ -17,22 +17,19 @@ import numpy as np
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import mujoco  # noqa: E402  (after MUJOCO_GL)
-
-# mujoco ships no type stubs for its compiled bindings, so pyright cannot see the names its __init__ star-imports
-# from them (mujoco._enums, _functions, _specs, _structs): each import below is marked.
 from mujoco import (  # noqa: E402
-    MjData,  # pyright: ignore[reportAttributeAccessIssue]
-    MjSpec,  # pyright: ignore[reportAttributeAccessIssue]
-    MjvCamera,  # pyright: ignore[reportAttributeAccessIssue]
-    mj_forward,  # pyright: ignore[reportAttributeAccessIssue]
-    mjtBuiltin,  # pyright: ignore[reportAttributeAccessIssue]
-    mjtCamera,  # pyright: ignore[reportAttributeAccessIssue]
-    mjtGeom,  # pyright: ignore[reportAttributeAccessIssue]
-    mjtJoint,  # pyright: ignore[reportAttributeAccessIssue]
-    mjtLightType,  # pyright: ignore[reportAttributeAccessIssue]
-    mjtObj,  # pyright: ignore[reportAttributeAccessIssue]
-    mjtTexture,  # pyright: ignore[reportAttributeAccessIssue]
-    mjtTextureRole,  # pyright: ignore[reportAttributeAccessIssue]
+    MjData,
+    MjSpec,
+    MjvCamera,
+    mj_forward,
+    mjtBuiltin,
+    mjtCamera,
+    mjtGeom,
+    mjtJoint,
+    mjtLightType,
+    mjtObj,
+    mjtTexture,
+    mjtTextureRole,
 )
 
 from legion.sim2real.deploy.policy import quat_rotate_inverse  # noqa: E402

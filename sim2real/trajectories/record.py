@@ -261,7 +261,7 @@ def record_run(run: Path, episodes: int, out: Path | None = None, video_dir: Pat
     policy = loaded.runner.ppo.get_policy()
     policy.eval()
     with ExitStack() as stack:
-        writer = renderer = None
+        writer = renderer = videos = None
         if out is not None:
             attrs = file_attrs(loaded.cfg, loaded.env, checkpoint=loaded.checkpoint)
             writer = stack.enter_context(TrajectoryWriter(out, attrs, overwrite=overwrite))
@@ -270,12 +270,13 @@ def record_run(run: Path, episodes: int, out: Path | None = None, video_dir: Pat
 
             renderer = media.SceneRenderer(loaded.cfg, *size)
             stack.callback(renderer.close)
-            Path(video_dir).mkdir(parents=True, exist_ok=True)
+            videos = Path(video_dir)
+            videos.mkdir(parents=True, exist_ok=True)
         for k, episode in enumerate(record(loaded.env, policy, episodes)):
             if writer is not None:
                 writer.add(episode)
-            if renderer is not None:
-                media.write_video(renderer, media.episode_frames(episode), Path(video_dir) / f"demo_{k}.mp4",
+            if renderer is not None and videos is not None:
+                media.write_video(renderer, media.episode_frames(episode), videos / f"demo_{k}.mp4",
                                   1.0 / loaded.env.step_dt, loaded.env.robot.joint_names)
             if on_episode is not None:
                 on_episode(k, episode)
@@ -374,6 +375,7 @@ def convert_robot_log(logs: Path, run: Path, out: Path, overwrite: bool = False)
                 f"{str(meta.get('config_sha256'))[:12]}...), not {run} ({config_sha256[:12]}...). "
                 "Convert it with the run the robot's policy.onnx came from.")
         episodes.append(_robot_episode(arrays, meta, settings, quat_rotate_inverse, path.name))
+    assert meta is not None  # there was at least one file
     attrs = {
         "source": "robot", "config": _config_yaml(settings), "task": settings.task.name, "seed": settings.seed,
         "device": settings.device, "control_dt": meta["control_dt"], "robot_file": str(robot_file),
