@@ -45,6 +45,9 @@ PARAM_FLAGS = {
 }
 
 
+# The kernels below are Warp's language, not Python: there ``a[i]`` of an array is an element. Warp's
+# type stubs describe arrays in Python scope (indexing gives an array; atomic_add takes another
+# Array class), so pyright misreads element reads and atomics: the kernels' ignores are for those stubs.
 @wp.kernel
 def _contact_forces_kernel(
     nacon: wp.array[int],
@@ -63,24 +66,24 @@ def _contact_forces_kernel(
 ):
     """Adds each active MuJoCo contact's world-frame force to the bodies it touches."""
     cid = wp.tid()
-    if cid >= nacon[0]:
+    if cid >= nacon[0]:  # pyright: ignore[reportOperatorIssue]
         return
     geoms = contact_geom[cid]
-    slot0 = geom_slot[geoms[0]]
-    slot1 = geom_slot[geoms[1]]
-    if slot0 < 0 and slot1 < 0:
+    slot0 = geom_slot[geoms[0]]  # pyright: ignore[reportIndexIssue]
+    slot1 = geom_slot[geoms[1]]  # pyright: ignore[reportIndexIssue]
+    if slot0 < 0 and slot1 < 0:  # pyright: ignore[reportOperatorIssue]
         return
     world = contact_worldid[cid]
     f = mjw_contact_force_fn(
         opt_cone, contact_frame, contact_friction, contact_dim, contact_efc_address,
-        contact_adhesion, efc_force, njmax, nacon, world, cid, True,
+        contact_adhesion, efc_force, njmax, nacon, world, cid, True,  # pyright: ignore[reportArgumentType]
     )
     force = wp.spatial_top(f)
     # MuJoCo's contact normal points from geom 0 to geom 1: the force acts on geom 1.
-    if slot1 >= 0:
-        wp.atomic_add(out, world, slot1, force)
-    if slot0 >= 0:
-        wp.atomic_sub(out, world, slot0, force)
+    if slot1 >= 0:  # pyright: ignore[reportOperatorIssue]
+        wp.atomic_add(out, world, slot1, force)  # pyright: ignore[reportArgumentType]
+    if slot0 >= 0:  # pyright: ignore[reportOperatorIssue]
+        wp.atomic_sub(out, world, slot0, force)  # pyright: ignore[reportArgumentType]
 
 
 _LS_ITERATIONS = int(mjw.OverflowType.LS_ITERATIONS)
@@ -91,8 +94,8 @@ _ITERATIONS = int(mjw.OverflowType.ITERATIONS)
 def _gather_overflow_kernel(overflow: wp.array[int], hit: wp.array[int]):
     """ORs each world's overflow bits of one physics step into ``hit`` (num_worlds,), then clears them."""
     world = wp.tid()
-    hit[world] = hit[world] | overflow[world]
-    overflow[world] = 0
+    hit[world] = hit[world] | overflow[world]  # pyright: ignore[reportIndexIssue, reportOperatorIssue]
+    overflow[world] = 0  # pyright: ignore[reportIndexIssue]
 
 
 @wp.kernel
@@ -102,17 +105,17 @@ def _count_limits_kernel(hit: wp.array[int], limits: wp.array[int]):
     bits = hit[world]
     if bits == 0:
         return
-    hit[world] = 0
-    linesearch = (bits & _LS_ITERATIONS) != 0
-    iterations = (bits & _ITERATIONS) != 0
+    hit[world] = 0  # pyright: ignore[reportIndexIssue]
+    linesearch = (bits & _LS_ITERATIONS) != 0  # pyright: ignore[reportOperatorIssue]
+    iterations = (bits & _ITERATIONS) != 0  # pyright: ignore[reportOperatorIssue]
     if linesearch or iterations:
-        wp.atomic_add(limits, 0, 1)
+        wp.atomic_add(limits, 0, 1)  # pyright: ignore[reportArgumentType]
     if linesearch:
-        wp.atomic_add(limits, 1, 1)
+        wp.atomic_add(limits, 1, 1)  # pyright: ignore[reportArgumentType]
     if iterations:
-        wp.atomic_add(limits, 2, 1)
-    if (bits & ~(_LS_ITERATIONS | _ITERATIONS)) != 0:
-        wp.atomic_add(limits, 3, 1)
+        wp.atomic_add(limits, 2, 1)  # pyright: ignore[reportArgumentType]
+    if (bits & ~(_LS_ITERATIONS | _ITERATIONS)) != 0:  # pyright: ignore[reportOperatorIssue]
+        wp.atomic_add(limits, 3, 1)  # pyright: ignore[reportArgumentType]
 
 
 class MuJoCo:
@@ -172,7 +175,10 @@ class MuJoCo:
             self._default_actuator_forcerange = self._actuator_forcerange[:, self._actuator_ids].clone()
         # Contact sensing: each MuJoCo geom of the template world -> its Newton body within a world.
         geom_body = self.solver.mjw_model.geom_bodyid.numpy()
-        mjc_body_to_newton = self.solver.mjc_body_to_newton.numpy()[0]
+        # Newton types mjc_body_to_newton Optional (SolverMuJoCo has built it by now); warp's stub
+        # of array2d lacks the numpy() its arrays have.
+        assert self.solver.mjc_body_to_newton is not None
+        mjc_body_to_newton = self.solver.mjc_body_to_newton.numpy()[0]  # pyright: ignore[reportAttributeAccessIssue]
         slots = np.where(geom_body > 0, mjc_body_to_newton[geom_body], -1).astype(np.int32)
         self._geom_slot = wp.array(slots, dtype=int, device=sim.device)
 
