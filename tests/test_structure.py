@@ -4,6 +4,7 @@ sim2real -> commands -> cli)."""
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -112,8 +113,11 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_every_package_folder_is_in_the_wheel(tmp_path):
     """A folder of modules without __init__.py (or a package the configured find misses) works in a
     checkout and would be silently absent from the wheel: build the wheel and compare."""
+    source = tmp_path / "source"  # a copy: setuptools writes build/ and *.egg-info into the tree it builds
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".warp_cache", "runs", "build", "*.egg-info", "__pycache__"))
     wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+                            "-w", str(tmp_path), str(source)], capture_output=True, text=True, timeout=300)
     assert wheel.returncode == 0, wheel.stderr[-3000:]
     (built,) = tmp_path.glob("legion_rl-*.whl")
     shipped = set(zipfile.ZipFile(built).namelist())
