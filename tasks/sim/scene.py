@@ -32,7 +32,7 @@ JOINT_PARAMS = ("joint_stiffness", "joint_damping", "joint_effort_limit", "joint
 
 
 def resolve_asset(path: str) -> Path:
-    """Find a robot file: an absolute/relative path, or a file name in ``legion/tasks/assets``."""
+    """Find a robot file: an absolute/relative path, or a file name in ``tasks/assets``."""
     for candidate in (Path(path), ASSET_DIR / path):
         if candidate.is_file():
             return candidate
