@@ -13,8 +13,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 import warp as wp  # noqa: E402
 
-from legion.api import setup_process
-from legion.configs import compose  # noqa: E402, F401  (for the benchmarks)
+from legion.api import make_env, make_runner, setup_process  # noqa: E402, F401  (for the benchmarks)
+from legion.configs import compose  # noqa: E402, F401
 
 setup_process()  # quiet Warp, the kernel cache above
 
