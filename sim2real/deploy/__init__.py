@@ -17,8 +17,15 @@ To log what the robot did (one .npz per episode, see :mod:`legion.sim2real.deplo
 
 from legion.sim2real.deploy.log import TrajectoryLog
 from legion.sim2real.deploy.loop import ControlLoop, LoopStats, RobotInterface, SafetyConfig
-from legion.sim2real.deploy.policy import (NonFiniteError, OnnxPolicy, PolicyLoadError, PolicyRunner, StateError,
-                                          quat_rotate_inverse)
+from legion.sim2real.deploy.policy import (
+    NonFiniteError,
+    ObservationTerms,
+    OnnxPolicy,
+    PolicyLoadError,
+    PolicyRunner,
+    StateError,
+    quat_rotate_inverse,
+)
 
-__all__ = ["ControlLoop", "LoopStats", "NonFiniteError", "OnnxPolicy", "PolicyLoadError", "PolicyRunner",
-           "RobotInterface", "SafetyConfig", "StateError", "TrajectoryLog", "quat_rotate_inverse"]
+__all__ = ["ControlLoop", "LoopStats", "NonFiniteError", "ObservationTerms", "OnnxPolicy", "PolicyLoadError",
+           "PolicyRunner", "RobotInterface", "SafetyConfig", "StateError", "TrajectoryLog", "quat_rotate_inverse"]

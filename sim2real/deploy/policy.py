@@ -16,7 +16,8 @@ A robot state is a dict of numpy arrays, in SI units and the joint order of
 - ``base_quat`` (4,) base orientation in the world frame, (x, y, z, w), a unit quaternion
 - ``base_lin_vel`` (3,) [m/s] and ``base_ang_vel`` (3,) [rad/s], in the BASE frame (what an
   IMU and a state estimator report)
-- ``base_pos`` (3,) [m], world frame (only if a policy term needs the base height)
+- ``base_pos`` (3,) [m]: x, y in the world (odometry) frame, z the base's height above the
+  ground under it (the world z on flat ground); only if a policy term needs the base height
 - ``object_pos`` (3,) [m]: a manipulated object's position in the robot's BASE frame (what a
   camera calibrated to the robot reports); only if a policy term needs it (``object_position``)
 - ``height_scan`` (P,) [m] (only if the policy scans the terrain): the terrain's height minus the
@@ -24,6 +25,12 @@ A robot state is a dict of numpy arrays, in SI units and the joint order of
   [m], given in the base's heading frame (x forward, y left; turning with the base's yaw only),
   in that order: what an elevation map around the robot reports
 - ``timestamp`` [s]: when the sensors were sampled (used by the control loop's watchdog)
+
+The command (velocity, pose or position target) and the previous action are the runtime's own
+inputs, not robot state. :data:`OBSERVATION_TERMS` says which fields each observation term reads:
+most are computed here from joint and IMU data; ``object_pos`` and ``height_scan`` come from the
+robot's perception as they are (the runtime cannot compute them). tests/test_observations_match.py
+holds every term of every task to the training env's value (1e-5), from the sim's robot state.
 
 :meth:`PolicyRunner.act` checks every field the policy reads (present, numeric, of the shape
 above, a unit quaternion) and raises :class:`StateError` naming the field otherwise; it raises
@@ -35,7 +42,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import onnxruntime as ort
@@ -84,14 +94,20 @@ GRAVITY_DIR = np.array([0.0, 0.0, -1.0], np.float32)
 QUAT_NORM_TOLERANCE = 0.01
 
 
-# Observation terms of tasks/mdp/observations.py, on one robot's state. Each takes
-# (state, command (3,), runner) and returns a (size,) float32 vector. The names are the
-# term functions' names (``func`` in the metadata), so a task may rename its terms freely.
-def _base_height(state, command, runner):
-    return np.asarray(state["base_pos"], np.float32)[2:3]
+# --- observation terms ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EdgeTerm:
+    """The edge version of one observation term: the robot-state keys it reads, and its function
+    ``(state, command (C,), last_action (A,), terms: ObservationTerms) -> (size,)`` float32 (before
+    the term's clip and scale). ``parametric``: ``func(params)`` builds that function from the
+    term's exported params."""
+
+    reads: tuple[str, ...]
+    func: Callable[..., Any]
+    parametric: bool = False
 
 
-def _projected_gravity(state, command, runner):
+def _projected_gravity(state, command, last_action, terms):
     quat = np.asarray(state["base_quat"], np.float32)
     norm = math.hypot(*quat.tolist())
     if abs(norm - 1.0) > QUAT_NORM_TOLERANCE:  # (NaN passes here: it is reported as non-finite)
@@ -100,35 +116,37 @@ def _projected_gravity(state, command, runner):
     return quat_rotate_inverse(quat, GRAVITY_DIR)
 
 
-OBSERVATION_TERMS = {
-    "base_lin_vel": lambda state, command, runner: state["base_lin_vel"],
-    "base_ang_vel": lambda state, command, runner: state["base_ang_vel"],
-    "projected_gravity": _projected_gravity,
-    "velocity_commands": lambda state, command, runner: command,
-    "joint_pos_rel": lambda state, command, runner: (np.asarray(state["joint_pos"], np.float32)
-                                                     - runner.default_joint_pos),
-    "joint_vel": lambda state, command, runner: state["joint_vel"],
-    "last_action": lambda state, command, runner: runner.last_action,
-    "base_height": _base_height,
+def _height_scan(params: dict):
+    offset = float(params["offset"])  # training: base height above the terrain at each point - offset
+
+    def height_scan(state, command, last_action, terms):
+        return -np.asarray(state["height_scan"], np.float32) - offset
+
+    return height_scan
+
+
+# Every observation term of tasks/mdp/observations.py and tasks/manipulation/terms.py, by the training
+# function's name (``func`` in the metadata, so a task may name its terms freely). Most are computed
+# from what the robot measures; object_position and height_scan are the robot's perception's named
+# inputs (``object_pos``, ``height_scan``), taken as they are. A term missing here is refused at load.
+OBSERVATION_TERMS: dict[str, EdgeTerm] = {
+    "base_lin_vel": EdgeTerm(("base_lin_vel",), lambda state, command, last_action, terms: state["base_lin_vel"]),
+    "base_ang_vel": EdgeTerm(("base_ang_vel",), lambda state, command, last_action, terms: state["base_ang_vel"]),
+    "projected_gravity": EdgeTerm(("base_quat",), _projected_gravity),
+    "base_height": EdgeTerm(("base_pos",), lambda state, command, last_action, terms:
+                            np.asarray(state["base_pos"], np.float32)[2:3]),
+    "joint_pos_rel": EdgeTerm(("joint_pos",), lambda state, command, last_action, terms:
+                              np.asarray(state["joint_pos"], np.float32) - terms.default_joint_pos),
+    "joint_vel": EdgeTerm(("joint_vel",), lambda state, command, last_action, terms: state["joint_vel"]),
+    "last_action": EdgeTerm((), lambda state, command, last_action, terms: last_action),
+    "velocity_commands": EdgeTerm((), lambda state, command, last_action, terms: command),
     # Manipulation: the command is the target in the robot's base frame, (x, y, z, qx, qy, qz, qw)
     # for a pose (the quaternion of either sign) and (x, y, z) for a position [m].
-    "pose_command": lambda state, command, runner: runner.canonical_pose(command),
-    "position_command": lambda state, command, runner: command,
-    "object_position": lambda state, command, runner: state["object_pos"],
-}
-# Terms whose edge version depends on the term's exported params: func name -> params -> term.
-PARAMETRIC_TERMS = {
-    # Training: base height above the terrain at each point - offset.
-    "height_scan": lambda params: (lambda state, command, runner, offset=float(params["offset"]):
-                                   -np.asarray(state["height_scan"], np.float32) - offset),
-}
-# The robot-state keys each term reads (for clear errors at load time and at every step).
-TERM_STATE_KEYS = {
-    "height_scan": ("height_scan",),
-    "base_lin_vel": ("base_lin_vel",), "base_ang_vel": ("base_ang_vel",), "projected_gravity": ("base_quat",),
-    "joint_pos_rel": ("joint_pos",), "joint_vel": ("joint_vel",), "base_height": ("base_pos",),
-    "velocity_commands": (), "last_action": (), "pose_command": (), "position_command": (),
-    "object_position": ("object_pos",),
+    "pose_command": EdgeTerm((), lambda state, command, last_action, terms: terms.canonical_pose(command)),
+    "position_command": EdgeTerm((), lambda state, command, last_action, terms: command),
+    # Perception's named inputs.
+    "object_position": EdgeTerm(("object_pos",), lambda state, command, last_action, terms: state["object_pos"]),
+    "height_scan": EdgeTerm(("height_scan",), _height_scan, parametric=True),
 }
 # The length of each robot-state field the terms read ("J": one value per joint).
 STATE_LENGTHS = {"joint_pos": "J", "joint_vel": "J", "base_quat": 4, "base_lin_vel": 3, "base_ang_vel": 3,
@@ -255,6 +273,10 @@ class OnnxPolicy:
         if self.input_names != expected_inputs:
             raise PolicyLoadError(f"{where}: model inputs {self.input_names}, metadata implies {expected_inputs}. "
                                   "Re-export.")
+        types = {t.name: t.type for t in (*self.session.get_inputs(), *self.session.get_outputs())}
+        if any(t != "tensor(float)" for t in types.values()):
+            raise PolicyLoadError(f"{where}: model inputs and outputs of types {types}; a legion policy takes and "
+                                  "returns float32 tensors. Re-export.")
 
     def initial_state(self, batch: int = 1) -> list[np.ndarray]:
         """Zero recurrent state: [h] (GRU) or [h, c] (LSTM), each (layers, batch, hidden); [] for an MLP."""
@@ -268,78 +290,57 @@ class OnnxPolicy:
         feeds = {"obs": np.ascontiguousarray(obs, dtype=np.float32)}
         state = self.initial_state(feeds["obs"].shape[0]) if state is None else state
         feeds.update(zip(self.input_names[1:], state))
-        outputs = self.session.run(None, feeds)
+        # Dense float32 tensors: the outputs' types are checked at load (_check_consistency).
+        outputs = cast(list[np.ndarray], self.session.run(None, feeds))
         return outputs[0], outputs[1:]
 
 
-class PolicyRunner:
-    """One robot: robot state -> observation (exactly as training built it) -> joint position targets.
+class ObservationTerms:
+    """The policy's observation on one robot, built from the exported metadata alone: the training
+    terms in the exported order (:data:`OBSERVATION_TERMS`), each clipped to ``[-clip, clip]`` then
+    multiplied by its scale (noise is training-only). Independent of the action type (an effort
+    policy's observation is built the same way).
 
     Args:
-        path: the exported ``policy.onnx``.
-        providers, check_hash: as :class:`OnnxPolicy`.
+        metadata: the exported policy's metadata (``policy.json`` less its ``files``).
+        where: what to name in errors (the policy file).
 
-    The observation is the concatenation of the training terms in the exported order, each
-    clipped to ``[-clip, clip]`` then multiplied by its scale (noise is a training-only term).
-    ``last_action`` is the previous action as it left the policy (after the action clip), and
-    the recurrent state is carried between calls; :meth:`reset` zeroes both.
+    Raises:
+        PolicyLoadError: a term without an edge version in :data:`OBSERVATION_TERMS`.
     """
 
-    def __init__(self, path: str | Path, providers: list[str] | None = None, check_hash: bool = True):
-        self.policy = OnnxPolicy(path, providers, check_hash)
-        meta = self.metadata = self.policy.metadata
-        action = meta["action"]
-        if action["type"] not in ("joint_position", "joint_position_delta"):
-            raise PolicyLoadError(f"{path}: action type '{action['type']}'. The edge runtime drives position-"
-                                  "controlled joints (action type joint_position or joint_position_delta); effort "
-                                  "policies need their own runner.")
-        self.action_delta = action["type"] == "joint_position_delta"
-        self.action_joint_ids = np.asarray(action["joint_ids"])
-        self.action_limits = np.asarray(meta["joint_limits"], np.float32)[self.action_joint_ids]
-        self.joint_names: list[str] = meta["joint_names"]
-        self.control_dt: float = meta["control_dt"]
+    def __init__(self, metadata: dict, where: str | Path = "policy.json"):
+        self.joint_names: list[str] = metadata["joint_names"]
+        self.default_joint_pos = np.asarray(metadata["default_joint_pos"], np.float32)
         # q and -q are one orientation; training observed the one in this quaternion's hemisphere.
-        reference = (meta.get("command") or {}).get("quat_reference")
+        reference = (metadata.get("command") or {}).get("quat_reference")
         self.quat_reference = None if reference is None else np.asarray(reference, np.float32)
-        self.default_joint_pos = np.asarray(meta["default_joint_pos"], np.float32)
-        self.action_scale = np.asarray(action["scale"], np.float32)
-        self.action_offset = np.asarray(action["offset"], np.float32)
-        self.action_clip = action.get("clip")
-        self.action_clamp = action.get("clamp_to_limits", False)  # absent before metadata carried it
+        terms = metadata["observation"]["terms"]
+        self.size: int = metadata["observation"]["size"]
         self.terms = []  # (name, function, size)
         low, high, scale = [], [], []  # per observation element: the clip range and the scale
-        for term in meta["observation"]["terms"]:
-            func = OBSERVATION_TERMS.get(term["func"])
-            if term["func"] in PARAMETRIC_TERMS:
-                func = PARAMETRIC_TERMS[term["func"]](term.get("params") or {})
-            if func is None:
-                raise PolicyLoadError(f"{path}: observation term '{term['name']}' (function {term['func']}) has no "
-                                      f"edge-runtime version; known: {sorted({*OBSERVATION_TERMS, *PARAMETRIC_TERMS})}. "
-                                      "Add it to sim2real/deploy/policy.py OBSERVATION_TERMS.")
-            joints = (term.get("params") or {}).get("joints")  # a subset of the joints (metadata version 2)
-            if joints is not None and list(joints) != list(range(len(meta["joint_names"]))):
-                func = (lambda state, command, runner, whole=func, ids=np.asarray(joints):
-                        np.asarray(whole(state, command, runner), np.float32)[ids])
+        for term in terms:
+            edge = OBSERVATION_TERMS.get(term["func"])
+            if edge is None:
+                raise PolicyLoadError(f"{where}: observation term '{term['name']}' (function {term['func']}) has no "
+                                      f"edge-runtime version; known: {sorted(OBSERVATION_TERMS)}. Add it to "
+                                      "sim2real/deploy/policy.py OBSERVATION_TERMS.")
+            params = term.get("params") or {}
+            func = edge.func(params) if edge.parametric else edge.func
+            joints = params.get("joints")  # a subset of the joints (metadata version 2)
+            if joints is not None and list(joints) != list(range(len(self.joint_names))):
+                func = _joint_subset(func, np.asarray(joints))
             clip = np.inf if term.get("clip") is None else term["clip"]
             size = term["size"]
             self.terms.append((term["name"], func, size))
             low.append(np.full(size, -clip, np.float32))
             high.append(np.full(size, clip, np.float32))
             scale.append(np.broadcast_to(np.asarray(term["scale"], np.float32), (size,)))
-        self.obs_low, self.obs_high, self.obs_scale = (np.concatenate(v) for v in (low, high, scale))
-        self.obs_clipped = bool(np.isfinite(self.obs_high).any())
-        self.state_keys = sorted({k for t in meta["observation"]["terms"] for k in TERM_STATE_KEYS[t["func"]]})
-        lengths = {"J": len(self.joint_names),
-                   "P": next((t["size"] for t in meta["observation"]["terms"] if t["func"] == "height_scan"), 0)}
+        self.low, self.high, self.scale = (np.concatenate(v) for v in (low, high, scale))
+        self.clipped = bool(np.isfinite(self.high).any())
+        self.state_keys = sorted({k for t in terms for k in OBSERVATION_TERMS[t["func"]].reads})
+        lengths = {"J": len(self.joint_names), "P": next((t["size"] for t in terms if t["func"] == "height_scan"), 0)}
         self.state_shapes = [(k, (lengths.get(STATE_LENGTHS[k], STATE_LENGTHS[k]),)) for k in self.state_keys]
-        self.reset()
-
-    def reset(self) -> None:
-        """Start of an episode: zero last action and recurrent state; delta actions start from the
-        joint positions of the next state."""
-        self.targets = None
-        self.last_action = np.zeros(self.policy.num_actions, np.float32)
-        self.hidden = self.policy.initial_state(1)
 
     def check_state(self, state: dict) -> None:
         """Raises :class:`StateError` unless every field the policy reads is in ``state``, numeric
@@ -347,7 +348,7 @@ class PolicyRunner:
         for key, shape in self.state_shapes:
             value = state.get(key)
             # The common case, numeric arrays of the right shape, costs one comparison per field.
-            if getattr(value, "shape", None) != shape or value.dtype.kind not in "iuf":
+            if not isinstance(value, np.ndarray) or value.shape != shape or value.dtype.kind not in "iuf":
                 self._refuse_field(state, key, shape)
 
     def _refuse_field(self, state: dict, key: str, shape: tuple) -> None:
@@ -375,19 +376,19 @@ class PolicyRunner:
             return np.concatenate([pose[:3], -pose[3:7]])
         return pose
 
-    def observation(self, state: dict, command=None) -> np.ndarray:
-        """(obs_dim,) float32 policy input for a robot state and the task's command: velocity (v_x, v_y,
-        yaw rate) [m/s, m/s, rad/s], or a pose (7,) / position (3,) target in the base frame [m].
+    def observation(self, state: dict, command, last_action: np.ndarray) -> np.ndarray:
+        """(size,) float32 observation for a robot state, the task's command (``None``: zeros (3,)) and
+        the previous action as it left the policy (A,).
 
         Raises :class:`StateError` for a state it cannot read and :class:`NonFiniteError` for NaN or
         Inf in the fields it reads or in the command (checked before the clip, which would hide an Inf).
         """
         self.check_state(state)
         command = np.zeros(3, np.float32) if command is None else np.asarray(command, np.float32)
-        obs = np.empty(self.policy.obs_dim, np.float32)
+        obs = np.empty(self.size, np.float32)
         start = 0
         for name, func, size in self.terms:
-            value = np.asarray(func(state, command, self), np.float32).reshape(-1)
+            value = np.asarray(func(state, command, last_action, self), np.float32).reshape(-1)
             if value.shape[0] != size:
                 raise ValueError(f"observation term '{name}' has {value.shape[0]} values, the policy expects {size}")
             obs[start:start + size] = value
@@ -397,11 +398,74 @@ class PolicyRunner:
         if not math.isfinite(sum(obs.tolist())):
             bad = [k for k in self.state_keys if not np.isfinite(np.asarray(state[k], np.float32)).all()]
             raise NonFiniteError(f"non-finite robot state {bad + ['command'] * (not np.isfinite(command).all())}")
-        if self.obs_clipped:
-            np.minimum(obs, self.obs_high, out=obs)
-            np.maximum(obs, self.obs_low, out=obs)
-        obs *= self.obs_scale
+        if self.clipped:
+            np.minimum(obs, self.high, out=obs)
+            np.maximum(obs, self.low, out=obs)
+        obs *= self.scale
         return obs
+
+
+def _joint_subset(whole: Callable[..., Any], ids: np.ndarray) -> Callable[..., np.ndarray]:
+    """A per-joint term restricted to the joints ``ids`` (the term's ``joints`` param)."""
+    def subset(state, command, last_action, terms):
+        return np.asarray(whole(state, command, last_action, terms), np.float32)[ids]
+
+    return subset
+
+
+class PolicyRunner:
+    """One robot: robot state -> observation (exactly as training built it) -> joint position targets.
+
+    Args:
+        path: the exported ``policy.onnx``.
+        providers, check_hash: as :class:`OnnxPolicy`.
+
+    The observation is :meth:`ObservationTerms.observation` (``terms``) of the state, the command and
+    ``last_action``: the previous action as it left the policy (after the action clip). It and
+    the recurrent state are carried between calls; :meth:`reset` zeroes both.
+    """
+
+    def __init__(self, path: str | Path, providers: list[str] | None = None, check_hash: bool = True):
+        self.policy = OnnxPolicy(path, providers, check_hash)
+        meta = self.metadata = self.policy.metadata
+        action = meta["action"]
+        if action["type"] not in ("joint_position", "joint_position_delta"):
+            raise PolicyLoadError(f"{path}: action type '{action['type']}'. The edge runtime drives position-"
+                                  "controlled joints (action type joint_position or joint_position_delta); effort "
+                                  "policies need their own runner (ObservationTerms builds their observation).")
+        self.action_delta = action["type"] == "joint_position_delta"
+        self.action_joint_ids = np.asarray(action["joint_ids"])
+        self.action_limits = np.asarray(meta["joint_limits"], np.float32)[self.action_joint_ids]
+        self.joint_names: list[str] = meta["joint_names"]
+        self.control_dt: float = meta["control_dt"]
+        self.action_scale = np.asarray(action["scale"], np.float32)
+        self.action_offset = np.asarray(action["offset"], np.float32)
+        self.action_clip = action.get("clip")
+        self.action_clamp = action.get("clamp_to_limits", False)  # absent before metadata carried it
+        self.terms = ObservationTerms(meta, path)
+        self.state_keys = self.terms.state_keys
+        self.reset()
+
+    def reset(self) -> None:
+        """Start of an episode: zero last action and recurrent state; delta actions start from the
+        joint positions of the next state."""
+        self.targets = None
+        self.last_action = np.zeros(self.policy.num_actions, np.float32)
+        self.hidden = self.policy.initial_state(1)
+
+    def check_state(self, state: dict) -> None:
+        """Raises :class:`StateError` unless every field the policy reads is in ``state``, numeric
+        and of its shape (see the module docstring); other keys are not looked at."""
+        self.terms.check_state(state)
+
+    def observation(self, state: dict, command=None) -> np.ndarray:
+        """(obs_dim,) float32 policy input for a robot state and the task's command: velocity (v_x, v_y,
+        yaw rate) [m/s, m/s, rad/s], or a pose (7,) / position (3,) target in the base frame [m].
+
+        Raises :class:`StateError` for a state it cannot read and :class:`NonFiniteError` for NaN or
+        Inf in the fields it reads or in the command (checked before the clip, which would hide an Inf).
+        """
+        return self.terms.observation(state, command, self.last_action)
 
     def act(self, state: dict, command=None) -> np.ndarray:
         """Joint position targets of the action's joints [rad or m] for this state and command:
@@ -412,7 +476,7 @@ class PolicyRunner:
         returns a non-finite target: raises :class:`NonFiniteError` instead (and then keeps the
         previous action and recurrent state), :class:`StateError` for a state it cannot read.
         """
-        obs = self.observation(state, command)
+        obs = self.terms.observation(state, command, self.last_action)
         actions, hidden = self.policy(obs[None], self.hidden)
         action = actions[0]
         if self.action_clip:
