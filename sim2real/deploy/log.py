@@ -94,13 +94,13 @@ class TrajectoryLog:
             "stop_reason": self._stop_reason, "started": self._started}))
         tmp = path.with_name(f".{path.name}.tmp")
         with open(tmp, "wb") as f:
-            np.savez_compressed(f, **arrays)
+            np.savez_compressed(f, allow_pickle=False, **arrays)  # numbers and one JSON string only
         tmp.replace(path)
         self.episodes += 1
         self._rows, self._stop_reason = [], None
         return path
 
-    def __enter__(self) -> "TrajectoryLog":
+    def __enter__(self) -> TrajectoryLog:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -129,8 +130,9 @@ class ControlLoop:
             self.stopped = reason
 
     def _damp(self) -> None:
-        if hasattr(self.robot, "damp"):
-            self.robot.damp()
+        damp = getattr(self.robot, "damp", None)  # optional: not part of RobotInterface
+        if damp is not None:
+            damp()
         elif self.last_joint_pos is not None:
             self.robot.write_targets(self.last_joint_pos)
         elif self.last_targets is not None:
@@ -143,7 +145,7 @@ class ControlLoop:
         try:
             self._damp()
         except Exception as e:
-            self.stopped += f"; damping failed too ({e.__class__.__name__}: {e})"
+            self.stopped = f"{self.stopped or reason}; damping failed too ({e.__class__.__name__}: {e})"
 
     def sensor_age(self, state: dict) -> float:
         """Age [s] of a state by its ``timestamp`` on the loop's clock: negative if it lies in the

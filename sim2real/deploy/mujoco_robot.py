@@ -28,7 +28,8 @@ class MuJoCoRobot:
             implicitfast, pyramidal cone, Newton solver).
     """
 
-    def __init__(self, model_path: str | Path, metadata: dict, floor_friction: float = 1.0, options: dict | None = None):
+    def __init__(self, model_path: str | Path, metadata: dict, floor_friction: float = 1.0,
+                 options: dict | None = None):
         spec = mujoco.MjSpec.from_file(str(model_path))
         floor = spec.worldbody.add_geom()
         floor.name, floor.type, floor.size = "legion_floor", mujoco.mjtGeom.mjGEOM_PLANE, [0.0, 0.0, 1.0]
@@ -38,12 +39,13 @@ class MuJoCoRobot:
         spec.option.timestep = metadata["physics_dt"]
         enums = {"integrator": (mujoco.mjtIntegrator, "mjINT_"), "cone": (mujoco.mjtCone, "mjCONE_"),
                  "solver": (mujoco.mjtSolver, "mjSOL_")}
-        for key, value in (options or {}).items():
+        for key, given in (options or {}).items():
+            value = given
             if key in enums:
                 enum, prefix = enums[key]
-                value = getattr(enum, prefix + str(value).upper(), None)
+                value = getattr(enum, prefix + str(given).upper(), None)
                 if value is None:
-                    raise ValueError(f"Unknown MuJoCo {key} '{options[key]}'.")
+                    raise ValueError(f"Unknown MuJoCo {key} '{given}'.")
             if not hasattr(spec.option, key):
                 raise ValueError(f"MuJoCo has no option '{key}' (see mujoco.MjOption).")
             setattr(spec.option, key, value)
