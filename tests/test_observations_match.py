@@ -15,7 +15,13 @@ import torch
 from conftest import SMALL_TERRAIN, export_untrained_run
 
 from legion.configs import task_names
-from legion.sim2real.deploy.policy import OBSERVATION_TERMS, ObservationTerms, OnnxPolicy, quat_rotate_inverse
+from legion.sim2real.deploy.policy import (
+    OBSERVATION_TERMS,
+    ObservationTerms,
+    OnnxPolicy,
+    PolicyLoadError,
+    quat_rotate_inverse,
+)
 from legion.sim2real.trajectories.record import state_views
 from legion.tasks.mdp import observations
 
@@ -79,6 +85,15 @@ def test_every_observation_term_of_the_training_package_has_an_edge_version():
              and next(iter(inspect.signature(func).parameters), None) == "env"}
     assert terms and not terms - set(OBSERVATION_TERMS), \
         f"no edge-runtime version of {sorted(terms - set(OBSERVATION_TERMS))}: add them to OBSERVATION_TERMS"
+
+
+def test_a_policy_with_a_term_the_runtime_lacks_is_refused_at_load_naming_it():
+    metadata = {"joint_names": ["a", "b"], "default_joint_pos": [0.0, 0.0],
+                "observation": {"size": 2, "terms": [{"name": "accel", "func": "joint_acc", "size": 2, "scale": 1.0,
+                                                      "clip": None, "params": {}}]}}
+    with pytest.raises(PolicyLoadError, match=r"policy.onnx: observation term 'accel' \(function joint_acc\) has no "
+                                              r"edge-runtime version; known: \[.*\]. Add it to .* OBSERVATION_TERMS"):
+        ObservationTerms(metadata, "policy.onnx")
 
 
 def test_the_edge_runtime_observes_what_the_env_observes_term_by_term(exported):
