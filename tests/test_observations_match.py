@@ -51,11 +51,12 @@ def robot_states(env, metadata: dict) -> list[dict]:
     states = [{"joint_pos": views["robot/joint_pos"][i], "joint_vel": views["robot/joint_vel"][i], "timestamp": 0.0}
               for i in range(env.num_envs)]
     if robot.floating_base:
-        pose, velocity = views["robot/root_pose_w"], views["robot/root_vel_w"]
+        pose = views["robot/root_pose_w"]
     else:  # the base is the first body, fixed in the world
         pose = torch.cat([robot.body_pos_w[:, 0], robot.body_quat_w[:, 0]], dim=-1).numpy()
     position, quat = pose[:, :3], pose[:, 3:7]
     if robot.floating_base:
+        velocity = views["robot/root_vel_w"]
         height = position[:, 2] - env.sim.ground_height(torch.from_numpy(position[:, :2])).numpy()
         for i, state in enumerate(states):
             state.update(base_quat=quat[i], base_pos=np.array([*position[i, :2], height[i]], np.float32),
