@@ -118,7 +118,7 @@ def test_metadata_round_trip(trained):
     assert [(t["name"], t["size"], t["scale"], t["clip"]) for t in meta["observation"]["terms"]] == \
         [(t["name"], t["size"], t["scale"], t["clip"]) for t in layout]
     assert meta["observation"]["size"] == 48 and not any("noise" in t for t in meta["observation"]["terms"])
-    assert meta["command"]["ranges"]["lin_vel_x"] == list(cfg.task.command.ranges.lin_vel_x)
+    assert meta["command"]["ranges"]["lin_vel_x"] == list(cfg.task.command.ranges["lin_vel_x"])
     # The enabled event terms with the ranges the env holds now.
     assert "friction" in meta["randomization"] and "restitution" not in meta["randomization"]
     assert meta["randomization"]["friction"]["range"] == [0.5, 1.25] and meta["randomization"]["friction"]["mode"] == "startup"
