@@ -163,7 +163,8 @@ class LegionEnv(VecEnv):
         reward per second), and with a ``task.success``, ``Episode_Success/rate`` (how many
         succeeded). All are device tensors (or Python numbers), never read back here.
 
-        With ``sim.capture_step`` (CUDA) the step is a replay of a recorded one (:class:`CapturedStep`).
+        With ``sim.capture_step`` (CUDA) the step is a replay of a recorded one
+        (:class:`~legion.tasks.capture.CapturedStep`).
         """
         if self.captured is not None:
             return self.captured.step(actions)

@@ -17,7 +17,9 @@ from legion.tasks.mdp.commands import UniformCommand
 
 
 class CommandManager:
-    """Attributes:
+    """The task's command (``task.command``), built and advanced with the episodes.
+
+    Attributes:
         command: the task's :class:`~legion.tasks.mdp.commands.UniformCommand` (``env.command``),
             or ``None``.
     """

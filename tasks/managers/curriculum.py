@@ -17,7 +17,9 @@ from legion.tasks import mdp
 
 
 class CurriculumManager:
-    """Attributes:
+    """The task's curricula that move with the episodes' outcomes (the terrain's).
+
+    Attributes:
         terrain_levels: the :class:`~legion.tasks.mdp.curriculum.TerrainLevels` (``env.terrain_levels``),
             or ``None`` without a generated terrain.
     """
