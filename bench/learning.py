@@ -39,7 +39,6 @@ import time
 from pathlib import Path
 
 from common import ROOT, compose, make_env, make_runner, print_table, write_json
-
 from legion import evaluation
 from legion.agents import distributed
 from legion.agents.checkpoints import latest_good_checkpoint

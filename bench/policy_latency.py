@@ -28,6 +28,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+
 from common import ROOT, print_table, torch, write_json
 
 

@@ -26,7 +26,6 @@ from common import ROOT, print_table, write_json
 def worker(task: str, num_envs: int, iterations: int, device: str, out: Path) -> None:
     """One rank: trains through legion.commands.train; rank 0 writes its per-iteration history."""
     from common import compose
-
     from legion import commands
 
     cfg = compose(f"task={task}", f"sim.num_envs={num_envs}", f"agent.max_iterations={iterations}",

@@ -26,7 +26,6 @@ import argparse
 import time
 
 from common import compose, make_env, make_runner, print_table, torch, write_json
-
 from legion.api import load_run
 from legion.configs import load_run_config
 from legion.tasks.sim import SOLVER_LIMITS

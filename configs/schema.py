@@ -43,7 +43,7 @@ class Robot:
 
 @dataclass
 class Terrain:
-    """A generated terrain all worlds share, one heightfield (legion/tasks/sim/terrain.py): square
+    """A generated terrain all worlds share, one heightfield (tasks/sim/terrain.py): square
     tiles in a grid, rows along x = difficulty levels (0 easiest), columns along y = terrain types,
     inside a flat border. Every tile's edge is at height 0; each env starts on the flat platform at
     its tile's centre, and only its tile (level, column) is per env."""
@@ -65,7 +65,7 @@ class Terrain:
     rough_height: list[float] = field(default_factory=lambda: [0.02, 0.08])  # rough: bumps of +-this [m] every 0.2 m
     obstacle_height: list[float] = field(default_factory=lambda: [0.05, 0.2])  # obstacles: boxes of +-this [m]
     num_obstacles: int = 20  # obstacles: boxes of 1-2 m per tile
-    curriculum: bool = True  # levels follow the distance walked (legion/tasks/mdp/curriculum.py); false: random, fixed
+    curriculum: bool = True  # levels follow the distance walked (tasks/mdp/curriculum.py); false: random, fixed
     max_init_level: int = 4  # curriculum: envs start at levels 0..max_init_level
     seed: int = 0  # the terrain's own random pattern (not the run's seed: one terrain for all seeds)
 
@@ -145,7 +145,8 @@ class Curriculum:
 
 @dataclass
 class EventTerm:
-    """Episode starts and domain randomization (legion/tasks/mdp/events.py)."""
+    """Episode starts and domain randomization (functions: tasks/mdp/events.py; modes, ranges,
+    distributions: tasks/managers/event.py)."""
 
     func: Optional[str] = None
     mode: str = "reset"  # startup (once) | reset (each episode start) | interval (every interval_s)
@@ -173,7 +174,7 @@ class Action:
 @dataclass
 class Command:
     """What the policy is asked to do, resampled per env every ``resampling_time_s``
-    (legion/tasks/mdp/commands.py)."""
+    (tasks/mdp/commands.py)."""
 
     # velocity: base (v_x, v_y, yaw rate) | pose: a body's position and orientation | position: a
     # body's position (pose and position: in the robot's base frame)
@@ -270,7 +271,7 @@ class Algorithm:
 
 @dataclass
 class VTrace:
-    """Async, lag > 0: truncation of the importance weights (legion/agents/ppo.py)."""
+    """Async, lag > 0: truncation of the importance weights (agents/ppo.py)."""
 
     rho_clip: float = 1.0
     c_clip: float = 1.0
@@ -360,14 +361,12 @@ def _type_entries(node, path: str) -> None:
 def describe(error: Exception, prefix: str = "") -> str:
     """One message for an OmegaConf error: the full key, what is wrong, and the valid keys where
     a key was not found. ``prefix``: the path of the entry being checked."""
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
-    cause: BaseException | None = error
-    while cause is not None and getattr(cause, "full_key", None) is None:
-        cause = cause.__cause__ or cause.__context__
+    cause = next((c for c in _causes(error) if isinstance(c, OmegaConfBaseException) and c.full_key is not None), None)
     if cause is None:
         return str(error).strip()
-    key = f"{prefix}{getattr(cause, 'full_key')}"
+    key = f"{prefix}{cause.full_key}"
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
         parent, _, leaf = key.rpartition(".")
         keys = keys_at(parent)
@@ -377,6 +376,13 @@ def describe(error: Exception, prefix: str = "") -> str:
     if isinstance(cause, MissingMandatoryValue):
         return f"{key}: missing; it has no default and must be set."
     return f"{key}: {str(getattr(cause, 'msg', cause)).splitlines()[0]}"
+
+
+def _causes(error: BaseException | None):
+    """The error and the chain of errors that led to it, newest first."""
+    while error is not None:
+        yield error
+        error = error.__cause__ or error.__context__
 
 
 def keys_at(path: str) -> list[str] | None:

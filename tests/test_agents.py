@@ -6,9 +6,15 @@ import pytest
 import torch
 
 from conftest import compose, make_runner
+from legion.agents.checkpoints import (
+    CheckpointError,
+    latest_checkpoint,
+    latest_good_checkpoint,
+    load_checkpoint,
+    prune,
+    save_checkpoint,
+)
 from legion.agents.runner import TrainingDiverged
-from legion.agents.checkpoints import (CheckpointError, latest_checkpoint, latest_good_checkpoint, load_checkpoint,
-                                       prune, save_checkpoint)
 
 SMALL = ("task=cartpole", "sim.num_envs=64", "agent.num_steps_per_env=8")
 

@@ -12,8 +12,8 @@ import inspect
 import numpy as np
 import pytest
 import torch
-from conftest import SMALL_TERRAIN, export_untrained_run
 
+from conftest import SMALL_TERRAIN, export_untrained_run
 from legion.configs import task_names
 from legion.sim2real.deploy.policy import (
     OBSERVATION_TERMS,

@@ -111,7 +111,7 @@ class TrajectoryWriter:
             self.partial.replace(self.path)
         return self.path
 
-    def __enter__(self) -> "TrajectoryWriter":
+    def __enter__(self) -> TrajectoryWriter:
         return self
 
     def __exit__(self, kind, error, traceback) -> None:
@@ -207,7 +207,7 @@ class TrajectoryFile:
     def close(self) -> None:
         self.file.close()
 
-    def __enter__(self) -> "TrajectoryFile":
+    def __enter__(self) -> TrajectoryFile:
         return self
 
     def __exit__(self, *exc) -> None:

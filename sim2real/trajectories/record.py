@@ -23,7 +23,13 @@ import numpy as np
 import torch
 
 from legion.configs.schema import Train
-from legion.sim2real.trajectories.file import Episode, TrajectoryFileError, TrajectoryWriter, refuse_existing, sha256_file
+from legion.sim2real.trajectories.file import (
+    Episode,
+    TrajectoryFileError,
+    TrajectoryWriter,
+    refuse_existing,
+    sha256_file,
+)
 
 if TYPE_CHECKING:
     from legion.api import LoadedRun

@@ -30,8 +30,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from legion.sim2real.trajectories.file import (Episode, TrajectoryFile, TrajectoryFileError, config_of, refuse_existing,
-                                               sha256_file)
+from legion.sim2real.trajectories.file import (
+    Episode,
+    TrajectoryFile,
+    TrajectoryFileError,
+    config_of,
+    refuse_existing,
+    sha256_file,
+)
 from legion.sim2real.trajectories.record import Layout, param_views, state_views, versions
 
 MODES = ("actions", "states")
