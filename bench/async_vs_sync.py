@@ -53,8 +53,8 @@ def train_once(env, task: str, num_envs: int, mode: str, seed: int, iterations: 
         # After the first iteration, which async cannot overlap (nothing to learn from yet).
         "steady_env_steps_per_s": (steps - steps // iterations) / (history[-1]["time_s"] - history[0]["time_s"])
         if iterations > 1 else None,
-        "load_average_before": load_before, "load_average_after": os.getloadavg()[0], "final_reward": runner.mean_episode_return,
-        "final_episode_length": runner.mean_episode_length,
+        "load_average_before": load_before, "load_average_after": os.getloadavg()[0],
+        "final_reward": runner.mean_episode_return, "final_episode_length": runner.mean_episode_length,
         "collect_s_per_it": mean("collection_time_s"), "update_s_per_it": mean("learning_time_s"),
         "actor_wait_s_per_it": mean("actor_wait_s"), "learner_wait_s_per_it": mean("learner_wait_s"),
         "overlap_fraction": mean("overlap_fraction"), "lag_mean": mean("lag_mean"),
@@ -72,7 +72,10 @@ def summarize(runs: list[dict]) -> list[dict]:
         sync_rewards = [r["final_reward"] for r in by_mode["sync"]]
         for mode, group in by_mode.items():
             rates, rewards = [r["env_steps_per_s"] for r in group], [r["final_reward"] for r in group]
-            fmt = lambda key: f"{statistics.fmean(r[key] for r in group):.2f}" if group[0][key] is not None else "-"  # noqa: E731
+
+            def fmt(key, group=group):
+                return f"{statistics.fmean(r[key] for r in group):.2f}" if group[0][key] is not None else "-"
+
             rows.append({
                 "task": f"{task} ({group[0]['num_envs']} envs, {group[0]['iterations']} it)",
                 "mode": mode,

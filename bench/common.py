@@ -33,7 +33,8 @@ def machine() -> str:
 def write_json(name: str, rows, **meta) -> Path:
     out = ROOT / "bench" / "results" / f"{name}.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), **meta, "rows": rows}, indent=2))
+    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), **meta, "rows": rows},
+                              indent=2))
     return out
 
 

@@ -52,7 +52,8 @@ def summarize(report: dict, train_s: float, iteration: int, env_steps: int, rewa
               success_goal: float) -> dict:
     """One evaluation as a row: training progress, then the forward command's error and means over
     commands (locomotion) or the success rate and final errors (goal tasks); ``goal`` if met."""
-    progress = {"train_min": train_s / 60, "iteration": iteration, "env_steps_M": env_steps / 1e6, "train_reward": reward}
+    progress = {"train_min": train_s / 60, "iteration": iteration, "env_steps_M": env_steps / 1e6,
+                "train_reward": reward}
     if report["kind"] in evaluation.GOAL_COMMANDS:
         row = {**progress, **report["rows"][0]}
         row["goal"] = row["success_rate"] >= success_goal

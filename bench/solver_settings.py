@@ -1,4 +1,4 @@
-"""SolverMuJoCo's iteration limits: speed against how often the solver stops short of converging,
+r"""SolverMuJoCo's iteration limits: speed against how often the solver stops short of converging,
 and whether learning notices. quadruped_flat by default; ``--run`` measures a trained run's task
 under its own policy (e.g. arm_lift's grasps, where contacts are hardest).
 
@@ -19,7 +19,8 @@ other processes falls on every setting alike. Writes bench/results/solver_settin
 
     python bench/solver_settings.py
     python bench/solver_settings.py --settings 10/10/1e-6 4/4/1e-6 --steps 20 --train 0 --train-iterations 2
-    python bench/solver_settings.py --run runs/arm_lift/<date> --settings 10/10/1e-6 20/20/1e-6 --num-envs 256 --steps 250
+    python bench/solver_settings.py --run runs/arm_lift/<date> --settings 10/10/1e-6 20/20/1e-6 \
+        --num-envs 256 --steps 250
 """
 
 import argparse
@@ -84,7 +85,8 @@ def train(setting: str, num_envs: int, iterations: int, seed: int):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settings", nargs="+",
-                        default=["10/10/1e-6", "20/20/1e-6", "10/4/1e-6", "8/8/1e-6", "6/6/1e-6", "4/4/1e-6", "10/10/1e-4"],
+                        default=["10/10/1e-6", "20/20/1e-6", "10/4/1e-6", "8/8/1e-6", "6/6/1e-6", "4/4/1e-6",
+                                 "10/10/1e-4"],
                         help="iterations/ls_iterations/tolerance of each setting")
     parser.add_argument("--num-envs", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=100, help="control steps per measurement")

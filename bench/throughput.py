@@ -105,7 +105,8 @@ def randomization_cost(num_envs: int, steps: int, device: str, task: str = "quad
     }
     envs = {name: make_env(compose(*base, *overrides)) for name, overrides in variants.items()}
     envs["off"].noise_enabled = False
-    actions = torch.randn(steps + 5, num_envs, envs["off"].num_actions, generator=torch.Generator().manual_seed(0)).to(device)
+    actions = torch.randn(steps + 5, num_envs, envs["off"].num_actions,
+                          generator=torch.Generator().manual_seed(0)).to(device)
     seconds = dict.fromkeys(envs, 0.0)
     for env in envs.values():
         for i in range(5):  # warm up

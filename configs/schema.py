@@ -83,7 +83,8 @@ class RigidObject:
     """A free rigid body in every world (e.g. a cube to lift)."""
 
     shape: str = "box"  # box | sphere | capsule | cylinder
-    size: list[float] = MISSING  # box: edge lengths [x, y, z]; sphere: [radius]; capsule, cylinder: [radius, length] [m]
+    # box: edge lengths [x, y, z]; sphere: [radius]; capsule, cylinder: [radius, length] [m]
+    size: list[float] = MISSING
     mass: float = MISSING  # [kg]
     friction: float = 1.0
     pos: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # initial position, env frame [m]
@@ -192,7 +193,8 @@ class Success:
     episode. Measured on the device every control step (never ends an episode), logged as
     ``Episode_Success/rate``, reported by evaluation."""
 
-    func: str = MISSING  # f(env, **params) -> (num_envs,) bool: legion.tasks.mdp.terminations or "package.module:function"
+    # f(env, **params) -> (num_envs,) bool: legion.tasks.mdp.terminations or "package.module:function"
+    func: str = MISSING
     params: dict[str, Any] = field(default_factory=dict)
     hold_s: float = 0.0  # [s], rounded to whole control steps (0: one control step)
 

@@ -42,7 +42,8 @@ overrides on top (e.g. agent.max_iterations=null). Networks, normalizers, optimi
 rate, iteration, randomization ranges and random generators continue where they stopped.
 """
 
-PLAY_HELP = """usage: legion play run=<run folder> [episodes=N] [checkpoint=PATH] [record=FILE] [video=true] [key=value ...]
+PLAY_HELP = """usage: legion play run=<run folder> [episodes=N] [checkpoint=PATH] [record=FILE]
+                   [video=true] [key=value ...]
 
 Loads the run's saved config.yaml and its newest good checkpoint (or `checkpoint=`), runs the
 policy deterministically with observation noise off, and prints the return and length of each
@@ -55,7 +56,8 @@ sim.num_envs: 16, or the run's if fewer).
   overwrite=true   replace an existing record= file or video folder
 """
 
-RECORD_HELP = """usage: legion record run=<run folder> [episodes=10] [out=FILE.h5] [checkpoint=PATH] [video=true] [key=value ...]
+RECORD_HELP = """usage: legion record run=<run folder> [episodes=10] [out=FILE.h5] [checkpoint=PATH]
+                     [video=true] [key=value ...]
 
 Runs the run's policy (deterministic, observation noise off) and records the first `episodes`
 episodes to start (short failed episodes are not favoured) into an HDF5 trajectory file in
@@ -71,7 +73,8 @@ and the physical parameters it ran with; the resolved config, seed, robot model 
 Config keys can be overridden as in `legion play` (e.g. task.events.push.enabled=false).
 """
 
-REPLAY_HELP = """usage: legion replay <file.h5> [mode=actions|states] [episodes=0,2] [video=true] [plots=true] [out=DIR] [device=DEV]
+REPLAY_HELP = """usage: legion replay <file.h5> [mode=actions|states] [episodes=0,2] [video=true] [plots=true]
+                     [out=DIR] [device=DEV]
 
 Replays the episodes of a trajectory file (all, or episodes=i,j,...) in the simulator, each in its
 own world, and prints how far the replay is from the file.
@@ -167,7 +170,8 @@ difference <= 1e-5 fp32, <= 1e-2 fp16); operators TensorRT's ONNX parser support
 Config keys can be overridden as in `legion play` (Hydra's grammar: key=value, +key=value, ~key).
 """
 
-SIM2SIM_HELP = """usage: legion sim2sim run=<run folder> [duration_s=10] [commands=JSON] [realtime=false] [key=value ...]
+SIM2SIM_HELP = """usage: legion sim2sim run=<run folder> [duration_s=10] [commands=JSON] [realtime=false]
+                      [key=value ...]
 
 Exports the run's policy (as `legion export`, into <run>/exported/ unless onnx=PATH names an
 existing policy.onnx), then drives the robot with it in Newton and in plain MuJoCo (the edge
@@ -205,7 +209,8 @@ def parse_run_args(args: list[str], help_text: str, options: dict) -> tuple[Path
     bad = [a for a in args if "=" not in a and not a.startswith("~")]
     run = [a.split("=", 1)[1] for a in args if a.startswith("run=")]
     if bad or len(run) != 1:
-        raise UsageError(f"expected run=<run folder> and key=value options, got {' '.join(args) or 'nothing'}\n\n{help_text}")
+        raise UsageError(f"expected run=<run folder> and key=value options, got {' '.join(args) or 'nothing'}"
+                         f"\n\n{help_text}")
     chosen, overrides = dict(options), []
     for arg in args:
         key, _, value = arg.partition("=")
@@ -467,7 +472,8 @@ def export(args: list[str]) -> None:
         print(EXPORT_HELP)
         return
     run, options, overrides = parse_run_args(args, EXPORT_HELP, {"checkpoint": None, "out": None, "steps": "50"})
-    out_dir, report = export_run(run, options["checkpoint"], options["out"], _number("steps", options["steps"]), overrides)
+    out_dir, report = export_run(run, options["checkpoint"], options["out"], _number("steps", options["steps"]),
+                                 overrides)
     print(summary(run, out_dir, report))
 
 
@@ -483,17 +489,20 @@ def sim2sim(args: list[str]) -> None:
     try:
         commands = json.loads(options["commands"])
     except ValueError as e:
-        raise UsageError(f"commands must be a JSON list of [v_x, v_y, yaw_rate] triples ({e})\n\n{SIM2SIM_HELP}") from None
+        raise UsageError(f"commands must be a JSON list of [v_x, v_y, yaw_rate] triples ({e})"
+                         f"\n\n{SIM2SIM_HELP}") from None
     if options["physics"] not in ("mjcf", "matched"):
         raise UsageError(f"physics={options['physics']}: choose physics=mjcf or physics=matched.")
     result = s2s.compare(run, options["checkpoint"], Path(options["onnx"]) if options["onnx"] else None,
                          _number("duration_s", options["duration_s"], float), commands, options["physics"],
                          options["realtime"].lower() == "true", overrides)
-    print(f"[legion] sim2sim {result['onnx']}: {len(result['newton'])} commands x {result['steps'] * result['control_dt']:g} s "
+    print(f"[legion] sim2sim {result['onnx']}: {len(result['newton'])} commands x "
+          f"{result['steps'] * result['control_dt']:g} s "
           f"({result['steps']} control steps of {result['control_dt']:g} s), MuJoCo physics={options['physics']}")
     print(s2s.table(result))
     if options["json"]:
-        Path(options["json"]).write_text(json.dumps({k: result[k] for k in ("newton", "mujoco", "mean", "loop")}, indent=2))
+        Path(options["json"]).write_text(json.dumps({k: result[k] for k in ("newton", "mujoco", "mean", "loop")},
+                                                    indent=2))
 
 
 COMMANDS = {"train": train, "play": play, "eval": evaluate, "record": record, "replay": replay, "dataset": dataset,

@@ -35,7 +35,8 @@ def play(loaded: LoadedRun, episodes: int) -> Iterator[dict]:
             lengths += 1
             for i in dones.nonzero().squeeze(-1).tolist():
                 if finished < episodes:
-                    yield {"return": returns[i].item(), "length": int(lengths[i]), "time_out": bool(extras["time_outs"][i])}
+                    yield {"return": returns[i].item(), "length": int(lengths[i]),
+                           "time_out": bool(extras["time_outs"][i])}
                 finished += 1
             returns[dones] = 0.0
             lengths[dones] = 0
@@ -89,7 +90,8 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
                 from legion.sim2real.trajectories.record import TrainingRecorder
 
                 # The recording env is built here, from the training's own config, when first needed.
-                recording = dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, num_envs=cfg.task.record.num_envs))
+                recording = dataclasses.replace(cfg,
+                                                sim=dataclasses.replace(cfg.sim, num_envs=cfg.task.record.num_envs))
                 if not recording.device.startswith("cuda"):
                     recording.sim.capture_step = False  # as any loaded run off the GPU: the same steps, eager
                 runner.on_iteration.append(TrainingRecorder(run_dir, recording, make_env))

@@ -188,7 +188,8 @@ def locomotion(loaded: LoadedRun, options: Options) -> dict:
         "fall_rate": group(fell.float()).mean(1),
         "survival_s": group(survived).mean(1),
         "power_w": group(sums["energy"]).sum(1) / (measured * dt),
-        "cost_of_transport": group(sums["energy"]).sum(1) / (group(mass * gravity * sums["path"]).sum(1)).clamp(min=1e-9),
+        "cost_of_transport": group(sums["energy"]).sum(1)
+                             / (group(mass * gravity * sums["path"]).sum(1)).clamp(min=1e-9),
     }
     if levels is not None:
         result["terrain_level"] = group(levels).mean(1)

@@ -133,8 +133,8 @@ def build_metadata(loaded: LoadedRun, actor) -> dict:
         "joint_names": list(robot.joint_names),
         "default_joint_pos": floats(robot.default_joint_pos[0]),
         "default_root_height": task.scene.robot.root_height,
-        "action": {"type": task.action.type, "joint_ids": env.action.joint_ids.tolist(), "scale": float(env.action.scale),
-                   "offset": floats(env.action.offset[0]), "clip": env.action.clip,
+        "action": {"type": task.action.type, "joint_ids": env.action.joint_ids.tolist(),
+                   "scale": float(env.action.scale), "offset": floats(env.action.offset[0]), "clip": env.action.clip,
                    "clamp_to_limits": env.action.clamp_to_limits},
         "joint_stiffness": floats(nominal["joint_stiffness"][0]),
         "joint_damping": floats(nominal["joint_damping"][0]),
@@ -339,8 +339,8 @@ def export_policy(actor, metadata: dict, observations: list, out_dir: Path) -> d
 def to_json(data: dict) -> str:
     """Indented JSON with each list of numbers or names on one line (readable per-joint lists)."""
     text = json.dumps(data, indent=2)
-    compact = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]",
-                     text)
+    compact = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]",
+                     lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
     return (compact if json.loads(compact) == data else text) + "\n"
 
 
@@ -367,9 +367,10 @@ def summary(run: Path, out_dir: Path, report: dict) -> str:
     lines = [f"[legion] exported {meta['checkpoint']} of {run} -> {out_dir}"]
     for name in ("policy.onnx", "policy_fp16.onnx"):
         r = report[name]
-        lines.append(f"  {name:17s} {r['bytes'] / 1e6:6.2f} MB  onnxruntime vs torch max |diff| {r['max_abs_diff']:.2e} "
-                     f"(limit {r['tolerance']:g}) on {report['observations']} env observations")
-    lines.append(f"  operators         {', '.join(report['policy.onnx']['operators'])} (all in TensorRT's ONNX parser set)")
+        lines.append(f"  {name:17s} {r['bytes'] / 1e6:6.2f} MB  onnxruntime vs torch max |diff| "
+                     f"{r['max_abs_diff']:.2e} (limit {r['tolerance']:g}) on {report['observations']} env observations")
+    lines.append(f"  operators         {', '.join(report['policy.onnx']['operators'])} "
+                 "(all in TensorRT's ONNX parser set)")
     obs = meta["observation"]
     lines.append(f"  policy.json       {len(meta['joint_names'])} joints, obs {obs['size']} = "
                  + " + ".join(f"{t['name']}[{t['size']}]" for t in obs["terms"])

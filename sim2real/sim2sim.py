@@ -181,7 +181,8 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     newton = run_newton(env, policy, commands, steps)
     mujoco_rows, loop = run_mujoco(resolve_asset(settings.task.scene.robot.file), Path(onnx), commands, steps,
                                    realtime, options)
-    return {"newton": newton, "mujoco": mujoco_rows, "mean": {"newton": mean_row(newton), "mujoco": mean_row(mujoco_rows)},
+    return {"newton": newton, "mujoco": mujoco_rows,
+            "mean": {"newton": mean_row(newton), "mujoco": mean_row(mujoco_rows)},
             "loop": loop, "steps": steps, "control_dt": env.step_dt, "onnx": str(onnx)}
 
 

@@ -86,7 +86,8 @@ def lockstep_errors(env, actor, runtime, robot_state, steps: int = 15) -> dict:
         obs = env.get_observations()
         for _ in range(steps):
             state, command = robot_state(env), env.command.value[0].numpy()
-            errors["obs"] = max(errors["obs"], np.abs(runtime.observation(state, command) - obs["policy"][0].numpy()).max())
+            errors["obs"] = max(errors["obs"],
+                                np.abs(runtime.observation(state, command) - obs["policy"][0].numpy()).max())
             targets = runtime.act(state, command)
             actions = actor(obs)
             errors["action"] = max(errors["action"], np.abs(runtime.last_action - actions[0].numpy()).max())

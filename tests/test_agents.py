@@ -52,7 +52,8 @@ def test_checkpoint_restores_policy_optimizer_normalizer_and_rng(tmp_path):
         assert torch.equal(a, b)  # weights and the observation normalizer's running statistics
     normalizer = restored.ppo.actor.obs_normalizer
     assert normalizer.count > 0 and torch.equal(normalizer.mean, runner.ppo.actor.obs_normalizer.mean)
-    assert restored.ppo.optimizer.state_dict()["state"][0]["step"] == runner.ppo.optimizer.state_dict()["state"][0]["step"]
+    assert (restored.ppo.optimizer.state_dict()["state"][0]["step"]
+            == runner.ppo.optimizer.state_dict()["state"][0]["step"])
     assert torch.equal(restored.env.generator.get_state(), runner.env.generator.get_state())
 
 

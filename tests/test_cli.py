@@ -39,7 +39,8 @@ def test_only_legion_is_importable_after_an_editable_install(tmp_path):
 
 
 def test_overrides_apply():
-    cfg = compose("task=quadruped_flat", "sim.num_envs=256", "agent.max_iterations=50", "agent.algorithm.learning_rate=3e-4")
+    cfg = compose("task=quadruped_flat", "sim.num_envs=256", "agent.max_iterations=50",
+                  "agent.algorithm.learning_rate=3e-4")
     assert cfg.task.name == "quadruped_flat"
     assert (cfg.sim.num_envs, cfg.agent.max_iterations, cfg.agent.algorithm.learning_rate) == (256, 50, 3e-4)
     assert cfg.sim.dt == 0.005 and cfg.sim.decimation == 4  # the task's own physics settings
@@ -48,7 +49,8 @@ def test_overrides_apply():
 
 @pytest.mark.parametrize("override, message", [
     ("agent.lerning_rate=1", "agent.lerning_rate: no such key. Valid keys of agent: mode, "),
-    ("task.scene.robot.fle=x.xml", "task.scene.robot.fle: no such key. Valid keys of task.scene.robot: file, root_height"),
+    ("task.scene.robot.fle=x.xml",
+     "task.scene.robot.fle: no such key. Valid keys of task.scene.robot: file, root_height"),
     ("+task.rewards.flyy={wieght: 1}", "task.rewards.flyy.wieght: no such key. Valid keys of task.rewards.flyy: func"),
     ("agent.max_iterations=abc", "agent.max_iterations: Value 'abc' of type 'str' could not be converted to Integer"),
 ])
@@ -67,7 +69,8 @@ def test_a_misspelt_key_in_a_task_file_is_named(tmp_path, monkeypatch):
     task = copy / "task" / "cartpole.yaml"
     task.write_text(task.read_text().replace("episode_length_s: 10.0", "episode_lenght_s: 10.0"))
     monkeypatch.setattr(configs, "CONFIG_DIR", copy)
-    with pytest.raises(ConfigError, match=r"task\.episode_lenght_s: no such key\. Valid keys of task: .*episode_length_s"):
+    with pytest.raises(ConfigError,
+                       match=r"task\.episode_lenght_s: no such key\. Valid keys of task: .*episode_length_s"):
         compose("task=cartpole")
 
 
@@ -75,10 +78,13 @@ def test_a_misspelt_key_in_a_run_config_is_named_and_can_be_removed(tmp_path):
     cfg = compose("task=cartpole")
     save_config(cfg, tmp_path / "config.yaml")
     text = (tmp_path / "config.yaml").read_text()
-    (tmp_path / "config.yaml").write_text(text.replace("  num_steps_per_env:", "  num_step_per_env: 3\n  num_steps_per_env:"))
-    with pytest.raises(ConfigError, match=r"(?s)config\.yaml: agent\.num_step_per_env: no such key\..*~key removes one"):
+    (tmp_path / "config.yaml").write_text(text.replace("  num_steps_per_env:",
+                                                       "  num_step_per_env: 3\n  num_steps_per_env:"))
+    with pytest.raises(ConfigError,
+                       match=r"(?s)config\.yaml: agent\.num_step_per_env: no such key\..*~key removes one"):
         load_run_config(tmp_path)
-    fixed = load_run_config(tmp_path, ["~agent.num_step_per_env", "sim.num_envs=8", "+task.rewards.extra={weight: 0.5}"])
+    fixed = load_run_config(tmp_path, ["~agent.num_step_per_env", "sim.num_envs=8",
+                                       "+task.rewards.extra={weight: 0.5}"])
     assert fixed.sim.num_envs == 8 and fixed.task.rewards["extra"].weight == 0.5
     with pytest.raises(ConfigError, match="a run keeps the task"):
         load_run_config(tmp_path, ["task=quadruped_flat"])
@@ -87,7 +93,8 @@ def test_a_misspelt_key_in_a_run_config_is_named_and_can_be_removed(tmp_path):
 def test_bad_arguments_fail_first_with_exit_code_2(tmp_path):
     for args, message in ((["agent.lerning_rate=1"], "agent.lerning_rate: no such key"),
                           (["agent.max_iterations=abc"], "could not be converted to Integer"),
-                          (["sim.num_envs=0", "agent.max_iterations=-1"], "sim.num_envs=0: must be > 0\nagent.max_iterations=-1"),
+                          (["sim.num_envs=0", "agent.max_iterations=-1"],
+                           "sim.num_envs=0: must be > 0\nagent.max_iterations=-1"),
                           (["device=cuda:0"], "device=cuda:0: CUDA is not available here: use device=cpu")):
         result = legion("train", *args, cwd=tmp_path)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr[-2000:])
@@ -107,7 +114,8 @@ def test_resume_from_a_chosen_checkpoint(tmp_path):
     run = tmp_path / "run"
     commands.train(compose("task=cartpole", "sim.num_envs=16", "agent.num_steps_per_env=8", "agent.save_interval=1",
                        "agent.max_iterations=3"), run)
-    result = legion("train", f"resume={run}", f"checkpoint={run / 'model_1.pt'}", "agent.max_iterations=2", cwd=tmp_path)
+    result = legion("train", f"resume={run}", f"checkpoint={run / 'model_1.pt'}", "agent.max_iterations=2",
+                    cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resumed from {run / 'model_1.pt'} at iteration 1" in result.stdout
     assert "[it 2/2]" in result.stdout and "[it 1/" not in result.stdout

@@ -56,7 +56,8 @@ def free_port() -> int:
 
 def test_two_ranks_hold_identical_weights_and_learn_like_one_process_with_all_the_envs(tmp_path):
     iterations = 25
-    result = torchrun(WORKER, str(tmp_path / "two"), *CARTPOLE, "sim.num_envs=128", f"agent.max_iterations={iterations}")
+    result = torchrun(WORKER, str(tmp_path / "two"), *CARTPOLE, "sim.num_envs=128",
+                      f"agent.max_iterations={iterations}")
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert len(ranks[0]["checksums"]) == iterations
@@ -83,8 +84,8 @@ def test_a_rank_on_another_node_that_is_killed_stops_the_others_with_a_message(t
     port = free_port()
     common = ["--nnodes=2", "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "legion",
               "train", *CARTPOLE, "sim.num_envs=64", "agent.max_iterations=null"]
-    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", f"--node_rank={n}", *common], cwd=tmp_path,
-                              env=environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", f"--node_rank={n}", *common],
+                              cwd=tmp_path, env=environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True) for n in (0, 1)]
     try:
         for line in nodes[0].stdout:  # rank 0 prints the progress
@@ -110,8 +111,8 @@ def test_legion_train_nproc_starts_torchrun_and_a_joblib_sweep_runs_in_parallel(
     assert run.returncode == 0, run.stderr[-3000:]
     assert "x 2 ranks (gloo)" in run.stdout and len(list(tmp_path.glob("runs/cartpole/*/model_2.pt"))) == 1
 
-    sweep = subprocess.run([sys.executable, "-m", "legion", "train", "-m", "hydra/launcher=joblib", "seed=0,1,2", *tiny],
-                           cwd=tmp_path, env=environ(), capture_output=True, text=True, timeout=600)
+    sweep = subprocess.run([sys.executable, "-m", "legion", "train", "-m", "hydra/launcher=joblib", "seed=0,1,2",
+                            *tiny], cwd=tmp_path, env=environ(), capture_output=True, text=True, timeout=600)
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     assert "Joblib.Parallel" in sweep.stdout + sweep.stderr
     runs = sorted(Path(tmp_path, "runs", "multirun").glob("*/cartpole_*"))

@@ -164,7 +164,8 @@ def test_unknown_terms_are_named_with_the_alternatives():
         make_env("task=cartpole", "sim.num_envs=2", "+task.rewards.flyy={weight: 1.0}")
 
 
-@pytest.mark.parametrize("task", ["cartpole", "quadruped_flat", "quadruped_rough", "biped_flat", "arm_reach", "arm_lift"])
+@pytest.mark.parametrize("task", ["cartpole", "quadruped_flat", "quadruped_rough", "biped_flat", "arm_reach",
+                                  "arm_lift"])
 def test_an_env_stepped_in_inference_mode_resets_and_steps_outside_it(task):
     """Rollouts step in inference mode, evaluation and user code may not: state that a step
     replaced instead of updating in place became an inference tensor, and the next step or reset
@@ -268,7 +269,8 @@ def test_a_captured_step_gives_the_eager_steps_observations_rewards_and_dones(ta
             captured.reset()
         if i == 45:
             eager.noise_enabled = captured.noise_enabled = False
-        (obs_e, rew_e, done_e, extras_e), (obs_c, rew_c, done_c, extras_c) = eager.step(actions[i]), captured.step(actions[i])
+        (obs_e, rew_e, done_e, extras_e), (obs_c, rew_c, done_c, extras_c) = (eager.step(actions[i]),
+                                                                              captured.step(actions[i]))
         assert torch.equal(done_e, done_c) and torch.equal(extras_e["time_outs"], extras_c["time_outs"]), i
         assert extras_e["episodes"]["count"] == extras_c["episodes"]["count"], i
         for group in obs_e.keys():  # Warp's atomics sum contact forces in any order: not bit for bit

@@ -61,7 +61,8 @@ def test_fall_rate_counts_episodes_ended_by_a_termination_and_survival_stops_the
     options = Options(commands={"stand": [0.0, 0.0, 0.0]}, envs_per_command=2, duration_s=1.0, settle_s=0.5,
                       randomization="off")
     # The base stands at ~0.3 m: a termination below 1 m ends every episode at the first step.
-    report = evaluate(still_run, options, overrides=["+task.terminations.low={func: base_height_below, params: {height: 1.0}}"])
+    report = evaluate(still_run, options,
+                      overrides=["+task.terminations.low={func: base_height_below, params: {height: 1.0}}"])
     (stand,) = report["rows"]
     assert stand["fall_rate"] == 1.0 and stand["survival_s"] == 0.0
 

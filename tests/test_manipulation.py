@@ -21,7 +21,10 @@ def dh_tcp(q: np.ndarray) -> np.ndarray:
     """4x4 pose of the tool centre point in the base frame for joint angles q (7,), from the DH table."""
     def link(a, d, alpha, theta):
         ca, sa, ct, st = np.cos(alpha), np.sin(alpha), np.cos(theta), np.sin(theta)
-        return np.array([[ct, -st, 0, a], [st * ca, ct * ca, -sa, -d * sa], [st * sa, ct * sa, ca, d * ca], [0, 0, 0, 1]])
+        return np.array([[ct, -st, 0, a],
+                         [st * ca, ct * ca, -sa, -d * sa],
+                         [st * sa, ct * sa, ca, d * ca],
+                         [0, 0, 0, 1]])
 
     pose = np.eye(4)
     for (a, d, alpha), theta in zip(DH, q):
@@ -72,7 +75,8 @@ def test_the_closed_gripper_holds_a_cube_5_s_with_under_5_mm_slip_and_released_i
     scene = cfg.task.scene
     tcp_home = dh_tcp(np.array(HOME[:7]))[:3, 3].tolist()
     scene.objects["cube"].pos, scene.objects["cube"].mass = tcp_home, 0.2
-    sim = NewtonSim(scene, num_envs=2, dt=cfg.sim.dt, decimation=cfg.sim.decimation, solver_options=cfg.sim.solver_options)
+    sim = NewtonSim(scene, num_envs=2, dt=cfg.sim.dt, decimation=cfg.sim.decimation,
+                    solver_options=cfg.sim.solver_options)
     robot, cube = sim.robot, sim.scene["cube"]
     robot.joint_pos[:] = robot.joint_pos_target[:] = torch.tensor(HOME)
     sim.reset(torch.ones(2, dtype=torch.bool))
@@ -222,7 +226,8 @@ def test_pose_commands_lie_in_their_box_in_the_base_frame_and_point_down():
     # the home yaw, where w ~ 0).
     assert env.command.reference.abs().tolist() == pytest.approx([1.0, 0.0, 0.0, 0.0], abs=1e-6)  # +-Rx(pi)
     assert (value[:, 3:] @ env.command.reference > 0.7).all()  # within a quarter turn of it: cos(pi / 4)
-    yaw = torch.remainder(2 * torch.atan2(-value[:, 3], value[:, 4]), 2 * math.pi)  # (x, y) = +-(-sin, cos)(yaw / 2), one sign
+    # (x, y) = +-(-sin, cos)(yaw / 2), one sign
+    yaw = torch.remainder(2 * torch.atan2(-value[:, 3], value[:, 4]), 2 * math.pi)
     assert ranges["yaw"][0] - 1e-4 <= yaw.min() and yaw.max() <= ranges["yaw"][1] + 1e-4
     assert yaw.max() - yaw.min() > 0.9 * (ranges["yaw"][1] - ranges["yaw"][0])
 
@@ -297,7 +302,8 @@ def test_a_short_training_of_arm_lift_moves_the_gripper_to_the_cube():
 def exported(request, tmp_path_factory):
     """A run folder with a (briefly normalized, untrained) policy of the task, exported."""
     overrides = {"arm_reach": ["task=arm_reach"], "arm_lift": ["task=arm_lift"],
-                 "arm_reach_delta": ["task=arm_reach", "task.action.type=joint_position_delta", "task.action.scale=0.05"]}
+                 "arm_reach_delta": ["task=arm_reach", "task.action.type=joint_position_delta",
+                                     "task.action.scale=0.05"]}
     return {"name": request.param,
             **export_untrained_run(tmp_path_factory.mktemp(request.param), *overrides[request.param])}
 
@@ -334,7 +340,8 @@ def test_arm_policies_export_and_the_edge_runtime_acts_as_the_env(exported):
         # A target's quaternion with either sign (one orientation) is observed with the sign training drew.
         command = env.command.value[0].numpy()
         flipped = np.concatenate([command[:3], -command[3:]])
-        assert np.array_equal(runtime.observation(arm_state(env, 0), flipped), runtime.observation(arm_state(env, 0), command))
+        assert np.array_equal(runtime.observation(arm_state(env, 0), flipped),
+                              runtime.observation(arm_state(env, 0), command))
     errors = lockstep_errors(env, actor, runtime, lambda env: arm_state(env, 0))
     assert max(errors.values()) <= 1e-5, errors
     assert np.abs(runtime.last_action).max() > 0.05

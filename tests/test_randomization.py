@@ -229,7 +229,8 @@ def test_curriculum_widens_ranges_logs_them_and_state_dict_restores_them():
 @pytest.mark.parametrize("override, message", [
     ("+task.events.wobble={mode: reset, range: [0, 1]}", "Unknown events term 'wobble'"),
     ("+task.events.friction.distribution=gauss", "task.events.friction: unknown distribution 'gauss'"),
-    ("task.events.friction.distribution=gauss", r"friction.distribution: not set in task.events.friction; add it with \+"),
+    ("task.events.friction.distribution=gauss",
+     r"friction.distribution: not set in task.events.friction; add it with \+"),
     ("task.events.friction.range=[1.2,0.5]", r"task.events.friction.range: \[1.2, 0.5\] has low > high"),
     ("task.events.friction.range=[0.0,1.0]", r"task.events.friction.range: \[0.0, 1.0\] leaves the domain"),
     ("task.events.push.mode=startup", "task.events.push: mode 'startup' is not one of"),

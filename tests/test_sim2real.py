@@ -121,7 +121,8 @@ def test_metadata_round_trip(trained):
     assert meta["command"]["ranges"]["lin_vel_x"] == list(cfg.task.command.ranges["lin_vel_x"])
     # The enabled event terms with the ranges the env holds now.
     assert "friction" in meta["randomization"] and "restitution" not in meta["randomization"]
-    assert meta["randomization"]["friction"]["range"] == [0.5, 1.25] and meta["randomization"]["friction"]["mode"] == "startup"
+    assert (meta["randomization"]["friction"]["range"] == [0.5, 1.25]
+            and meta["randomization"]["friction"]["mode"] == "startup")
     # What sim2sim needs, from the env's resolved terms.
     assert meta["tracking"] == {"lin_vel_xy": {"weight": 1.0, "std": 0.5}, "ang_vel_z": {"weight": 0.5, "std": 0.5}}
     assert meta["fall"] == {"contact_bodies": ["base"], "contact_threshold": 1.0, "min_base_height": None}
@@ -533,7 +534,8 @@ def test_deploy_only_venv_runs_the_runtime(trained, tmp_path):
     out = json.loads(result.stdout)
     top_level = {m.split(".")[0] for m in out["modules"]}
     assert not {"torch", "warp", "mujoco", "tasks", "agents"} & top_level
-    assert not [m for m in out["modules"] if m.startswith(("legion.tasks", "legion.agents", "legion.cli", "legion.runs"))]
+    assert not [m for m in out["modules"]
+                if m.startswith(("legion.tasks", "legion.agents", "legion.cli", "legion.runs"))]
     runner = PolicyRunner(trained["out"] / "policy.onnx")
     expected = [runner.act({k: np.asarray(v, np.float32) for k, v in state.items()}, [0.5, 0.0, 0.2]) for _ in range(2)]
     assert np.abs(np.array(out["targets"]) - np.array(expected)).max() <= 1e-6

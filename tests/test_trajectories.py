@@ -76,8 +76,8 @@ def test_actions_replay_reproduces_a_randomized_pushed_delayed_recording_bit_for
         episodes = [f.episode(n) for n in f.episodes]
         assert f.attrs["robot_sha256"] and f.attrs["versions"]["newton"] and f.attrs["control_dt"] == 0.02
     # What the replay must reproduce really happened: pushes between steps, delays, parameters.
-    pushes = sum(int((e.data["states/robot/root_vel_w"][1:] != e.data["next_states/robot/root_vel_w"][:-1]).any(1).sum())
-                 for e in episodes)
+    pushes = sum(int((e.data["states/robot/root_vel_w"][1:]
+                      != e.data["next_states/robot/root_vel_w"][:-1]).any(1).sum()) for e in episodes)
     assert pushes >= 3
     assert any(int(e.data["params/action_delay"]) > 0 for e in episodes)
     masses = np.stack([e.data["params/robot/body_mass"] for e in episodes])
@@ -93,7 +93,8 @@ def test_actions_replay_reproduces_a_randomized_pushed_delayed_recording_bit_for
     assert result.bit_exact and result.first_divergence() is None
     assert result.replayed["robot/joint_pos"].shape[:2] == (3, max(e.length for e in episodes))
     for i, e in enumerate(episodes):  # the terminal state too (recorded before the env reset the world)
-        assert np.array_equal(result.replayed["robot/root_pose_w"][i, :e.length], e.data["next_states/robot/root_pose_w"])
+        assert np.array_equal(result.replayed["robot/root_pose_w"][i, :e.length],
+                              e.data["next_states/robot/root_pose_w"])
     assert "bit-exact" in result.report()
 
 
@@ -309,7 +310,8 @@ def test_a_robot_log_replays_in_newton_joint_by_joint(quadruped, tmp_path):
     moved = np.abs(result.recorded["robot/joint_pos"][:, -1] - result.initial["robot/joint_pos"]).max()
     assert moved > 0.05  # the joints really moved
     written = write_outputs(result, tmp_path / "replay", video=False, plots=True)
-    assert {p.name for p in written} >= {"replay.json", "demo_0_joints.png", "demo_0_base.png", "demo_0_joint_error.png"}
+    assert {p.name for p in written} >= {"replay.json", "demo_0_joints.png", "demo_0_base.png",
+                                         "demo_0_joint_error.png"}
     assert json.loads((tmp_path / "replay" / "replay.json").read_text())["joint_rmse"]["FL_calf_joint"] < 1e-5
 
     other = make_run(tmp_path / "other", "task=quadruped_flat", "seed=3")
@@ -389,7 +391,8 @@ def test_lerobot_dataset_follows_the_v3_layout(quadruped, tmp_path):
     assert len(meta["stats/action/q99"][0]) == 12
     tasks = pq.read_table(root / "meta" / "tasks.parquet")
     pandas = json.loads(tasks.schema.metadata[b"pandas"])
-    assert pandas["index_columns"] == ["__index_level_0__"] and tasks.to_pydict()["__index_level_0__"] == ["quadruped_flat"]
+    assert (pandas["index_columns"] == ["__index_level_0__"]
+            and tasks.to_pydict()["__index_level_0__"] == ["quadruped_flat"])
 
     stats = json.loads((root / "meta" / "stats.json").read_text())
     assert set(stats["action"]) == {"min", "max", "mean", "std", "count", "q01", "q10", "q50", "q90", "q99"}

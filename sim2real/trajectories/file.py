@@ -145,7 +145,8 @@ class TrajectoryFile:
         try:
             self.file = h5py.File(path, "r")
         except OSError as e:
-            raise TrajectoryFileError(f"{path} is not a readable HDF5 file (truncated or corrupt?): {e}. {fix}") from None
+            raise TrajectoryFileError(f"{path} is not a readable HDF5 file "
+                                      f"(truncated or corrupt?): {e}. {fix}") from None
         try:
             data = self.file.get("data")
             if not isinstance(data, h5py.Group) or "format_version" not in data.attrs:

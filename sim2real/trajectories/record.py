@@ -169,8 +169,8 @@ def record(env, policy, episodes: int) -> Iterator[Episode]:
                 params_changed = (taps.post_params != start_params).any(1)
                 ready = [_episode(buffer[:int(step[i]), i].cpu().numpy(), steps, states,
                                   settings.unpack(start_params[i].cpu().numpy()),
-                                  {"env_index": i, "time_out": bool(extras["time_outs"][i]), "return": float(returns[i]),
-                                   "params_changed": bool(params_changed[i])})
+                                  {"env_index": i, "time_out": bool(extras["time_outs"][i]),
+                                   "return": float(returns[i]), "params_changed": bool(params_changed[i])})
                          for i in (dones & chosen).nonzero().squeeze(-1).tolist()]
                 if hasattr(policy, "reset"):
                     policy.reset(dones)

@@ -95,7 +95,8 @@ class ReplayResult:
         return {
             "file": str(self.path), "mode": self.mode, "source": self.source, "bit_exact": self.bit_exact,
             "first_divergence_step": self.first_divergence(),
-            "max_error": {view: float(np.nanmax(e)) if np.isfinite(e).any() else None for view, e in self.error.items()},
+            "max_error": {view: float(np.nanmax(e)) if np.isfinite(e).any() else None
+                          for view, e in self.error.items()},
             "episodes": [{"name": name, "steps": int(ep.length),
                           "max_error": {v: float(np.nanmax(e[i])) if np.isfinite(e[i]).any() else None
                                         for v, e in self.error.items()}}
