@@ -304,8 +304,8 @@ class TrainingRecorder:
     def __call__(self, runner, iteration: int) -> None:
         from legion.api import seed_everything, with_policy
 
-        record = self.cfg.task.record
-        if record.every is None or iteration % record.every:
+        schedule = self.cfg.task.record
+        if schedule.every is None or iteration % schedule.every:
             return
         out = self.run_dir / "trajectories" / f"iter_{iteration}.h5"
         if out.exists():  # a run resumed from an earlier checkpoint records this iteration again
@@ -318,9 +318,9 @@ class TrainingRecorder:
             else:
                 self.loaded.runner.load(checkpoint)
                 self.loaded.checkpoint = checkpoint
-            record_run(self.run_dir, record.episodes, out, out.with_name(out.stem + "_videos") if record.video
+            record_run(self.run_dir, schedule.episodes, out, out.with_name(out.stem + "_videos") if schedule.video
                        else None, loaded=self.loaded)
-        print(f"[legion] recorded {record.episodes} episodes of iteration {iteration} ({checkpoint.name}) into {out}",
+        print(f"[legion] recorded {schedule.episodes} episodes of iteration {iteration} ({checkpoint.name}) into {out}",
               flush=True)
 
 
