@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from legion.configs import ConfigError, load_run_config, schema
+from legion.configs import FIX, ConfigError, load_run_config, schema
 
 if TYPE_CHECKING:
     from legion.agents.distributed import Group
@@ -193,6 +193,5 @@ def load_run(run: str | Path, checkpoint: str | Path | None = None, overrides=()
     try:
         env = make_env(cfg)
     except ValueError as e:
-        raise RunError(f"the run's config.yaml does not build an env with this code: {e}\nFix it on the command "
-                       "line: key=value changes a key, +key=value adds one, ~key removes one.") from e
+        raise RunError(f"the run's config.yaml does not build an env with this code: {e}{FIX}") from e
     return with_policy(run, cfg, env, path, contents)
