@@ -18,7 +18,7 @@ from pathlib import Path
 from legion.configs import schema
 
 CONFIG_DIR = Path(__file__).resolve().parent
-GROUPS = ("task", "agent", "sim")
+GROUPS = ("task", "robot", "agent", "sim")
 FIX = "\nFix it on the command line: key=value changes a key, +key=value adds one, ~key removes one."
 
 
@@ -48,7 +48,11 @@ def compose_run(*overrides: str) -> tuple[schema.Train, Path]:
             cfg = hydra_compose("train", overrides=list(overrides), return_hydra_config=True)
         run_dir = Path(cfg.hydra.run.dir)
     except Exception as e:
-        raise ConfigError(explain(e)) from None
+        message = explain(e)
+        if "Could not override 'robot'" in message:
+            task = next((o.split("=", 1)[1] for o in overrides if o.startswith("task=")), "cartpole")
+            message = f"task={task} has no robot group (its robot is part of configs/task/{task}.yaml): drop robot=."
+        raise ConfigError(message) from None
     with open_dict(cfg):
         del cfg["hydra"]
     return typed(cfg), run_dir
@@ -64,7 +68,7 @@ def load_run_config(run: str | Path, overrides=()) -> schema.Train:
         raise ConfigError(f"{run} is not a run folder (no config.yaml). Runs are under runs/<task>/.")
     groups = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in GROUPS]
     if groups:
-        raise ConfigError(f"{' '.join(groups)}: a run keeps the task, agent and sim it was trained with; "
+        raise ConfigError(f"{' '.join(groups)}: a run keeps the task, robot, agent and sim it was trained with; "
                           "override single keys instead (e.g. sim.num_envs=16).")
     try:
         # The saved file alone, then the overrides (so ~key can remove what this code refuses),

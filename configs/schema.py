@@ -33,12 +33,59 @@ def entries(kind: type, depth: int = 1):
 
 # --- the scene: what each simulated world holds --------------------------------------------------
 @dataclass
-class Robot:
-    """The articulated robot, entity ``robot`` of the scene."""
+class Actuator:
+    """The joints one kind of drive moves (tasks/sim/scene.py applies these when the robot is built).
 
-    file: str = MISSING  # MJCF (.xml), URDF or USD model: a path, or a file name in tasks/assets
+    ``implicit``: a PD servo inside the solver, ``kp (q* - q) - kd q'`` clipped to the effort
+    limit, integrated implicitly (stable at any gain). ``dc_motor``: the same PD law evaluated
+    explicitly at every physics step (Newton's ``newton.actuators``), clipped by a DC motor's
+    torque-speed line: ``saturation_effort`` at stall, falling to zero at ``velocity_limit``,
+    never above ``effort_limit`` (Isaac Lab's DCMotor). Values left None keep the model file's.
+    The randomization events scale these values per env.
+    """
+
+    joints: Any = ".*"  # regex (or list of regexes) over the robot's actuated joint names
+    model: str = "implicit"  # implicit | dc_motor
+    stiffness: Optional[float] = None  # kp [N m/rad or N/m]
+    damping: Optional[float] = None  # kd [N m s/rad or N s/m]
+    effort_limit: Optional[float] = None  # [N m or N]
+    saturation_effort: Optional[float] = None  # dc_motor: stall torque [N m or N]
+    velocity_limit: Optional[float] = None  # dc_motor: speed at which the torque reaches zero [rad/s or m/s]
+    armature: Optional[float] = None  # reflected rotor inertia [kg m^2]
+    friction: Optional[float] = None  # joint friction loss [N m or N]
+    delay: int = 0  # dc_motor: the command acts this many physics steps late
+
+
+@dataclass
+class Collision:
+    """How the robot's collision shapes are simplified (fewer, cheaper contacts: the throughput of
+    a robot with mesh colliders is contact-bound). Keys are body-name regexes."""
+
+    # body regex -> bounding_sphere | bounding_box | convex_hull: each mesh collider of a matching
+    # body becomes that primitive (Newton's ModelBuilder.approximate_meshes), fitted to the mesh
+    approximate: dict[str, str] = field(default_factory=dict)
+    remove: list[str] = field(default_factory=list)  # body regexes whose collision shapes are dropped
+    self_collisions: bool = False
+    max_hull_vertices: int = 64  # convex hulls of mesh colliders keep at most this many vertices
+
+
+@dataclass
+class Robot:
+    """The articulated robot, entity ``robot`` of the scene (configs/robot/: one file per robot)."""
+
+    # MJCF (.xml), URDF or USD model: a path, a file name in tasks/assets, or package://<pkg>/<path>
+    # for a file an installed package ships (e.g. package://example-robot-data/robots/...)
+    file: str = MISSING
+    floating_base: Optional[bool] = None  # None: the file's (MJCF: a freejoint; URDF and USD: fixed)
+    collapse_fixed_joints: bool = False  # merge bodies joined by fixed joints (URDF rotor links: fewer bodies)
     root_height: Optional[float] = None  # floating base: initial base height [m] (None: the model's)
     joint_pos: dict[str, float] = field(default_factory=dict)  # default pose, joint-name regex -> [rad or m]
+    # name -> body regex: the groups the tasks name (feet, base, the contacts that end an episode,
+    # the tool centre point, ...), so one task file serves every robot of its kind
+    bodies: dict[str, str] = field(default_factory=dict)
+    joints: dict[str, str] = field(default_factory=dict)  # name -> joint regex (e.g. arm, gripper)
+    actuators: dict[str, Any] = entries(Actuator)  # name -> Actuator, applied in order (later wins)
+    collision: Collision = field(default_factory=Collision)
 
 
 @dataclass

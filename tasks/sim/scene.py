@@ -18,8 +18,11 @@ from pathlib import Path
 import torch
 import warp as wp
 
+from legion.configs.schema import Actuator as ActuatorCfg
+from legion.configs.schema import Collision as CollisionCfg
 from legion.configs.schema import Fixture as FixtureCfg
 from legion.configs.schema import RigidObject as RigidObjectCfg
+from legion.configs.schema import Robot as RobotCfg
 from legion.configs.schema import Scene
 from legion.tasks.math import quat_rotate_inverse
 
@@ -28,18 +31,49 @@ SHAPES = ("box", "sphere", "capsule", "cylinder")
 # Per-env physical parameters (see the package docstring), by what they are per-item of.
 BODY_PARAMS = ("body_mass", "body_com", "body_inertia")
 SHAPE_PARAMS = ("shape_friction", "shape_restitution", "shape_size")
+ACTUATOR_MODELS = ("implicit", "dc_motor")
 JOINT_PARAMS = ("joint_stiffness", "joint_damping", "joint_effort_limit", "joint_friction", "joint_armature")
 
 
 def resolve_asset(path: str) -> Path:
-    """Find a robot file: an absolute/relative path, or a file name in ``tasks/assets``."""
+    """Find a robot file: ``package://<package>/<path>`` (a file an installed package ships), an
+    absolute/relative path, or a file name in ``tasks/assets``."""
+    if path.startswith("package://"):
+        return _package_file(path)
     for candidate in (Path(path), ASSET_DIR / path):
         if candidate.is_file():
             return candidate
     raise FileNotFoundError(
         f"Robot model '{path}' not found (looked in the working directory and {ASSET_DIR}). "
-        "Give a path to an .xml (MJCF), .urdf or .usd/.usda file."
+        "Give a path to an .xml (MJCF), .urdf or .usd/.usda file, or package://<package>/<path>."
     )
+
+
+def _package_file(uri: str) -> Path:
+    """``package://<package>/<path>``, as ROS and the URDFs' own mesh paths name files: looked up
+    in the package's Python module folder, in the cmeel prefix (where example-robot-data's wheel
+    installs) and in the folders of ROS_PACKAGE_PATH."""
+    import importlib.util
+    import os
+    import site
+    import sys
+
+    package, _, rest = uri[len("package://"):].partition("/")
+    roots = []
+    spec = importlib.util.find_spec(package.replace("-", "_"))
+    if spec is not None and spec.submodule_search_locations:
+        roots += [Path(p) for p in spec.submodule_search_locations]
+    for entry in dict.fromkeys([*site.getsitepackages(), *sys.path]):
+        roots.append(Path(entry) / "cmeel.prefix" / "share" / package)
+    roots += [Path(p) / package for p in os.environ.get("ROS_PACKAGE_PATH", "").split(os.pathsep) if p]
+    for root in roots:
+        if (root / rest).is_file():
+            return root / rest
+    hint = " (pip install 'legion-rl[robots]')" if package == "example-robot-data" else ""
+    found = next((root for root in roots if root.is_dir()), None)
+    where = f"package '{package}' is at {found} but has no {rest}" if found else \
+        f"package '{package}' is not installed{hint}"
+    raise FileNotFoundError(f"Robot model '{uri}' not found: {where}.")
 
 
 @dataclass(frozen=True)
@@ -64,24 +98,7 @@ def build_world(scene: Scene, newton, world, contact_gap: float) -> dict[str, tu
         after = _counts(world)
         layout[name] = (kind, Slices(*(slice(a, b) for a, b in zip(before, after))))
 
-    path = resolve_asset(scene.robot.file)
-
-    def add_robot():
-        try:
-            if path.suffix == ".xml":
-                world.add_mjcf(str(path), enable_self_collisions=False)
-            elif path.suffix == ".urdf":
-                world.add_urdf(str(path), enable_self_collisions=False)
-            elif path.suffix in (".usd", ".usda", ".usdc"):
-                world.add_usd(str(path), enable_self_collisions=False)
-            else:
-                raise ValueError(f"unsupported file type '{path.suffix}' (use .xml, .urdf, .usd, .usda)")
-        except Exception as e:
-            raise ValueError(f"Could not load robot model {path}: {e}") from e
-        if world.body_count == 0:
-            raise ValueError(f"Robot model {path} has no bodies.")
-
-    add("robot", "robot", add_robot)
+    add("robot", "robot", lambda: add_robot(world, scene.robot, newton))
     for name, cfg in scene.objects.items():
         def add_object(name=name, cfg=cfg):
             body = world.add_body(xform=wp.transform(cfg.pos, cfg.quat), label=name)
@@ -96,6 +113,94 @@ def build_world(scene: Scene, newton, world, contact_gap: float) -> dict[str, tu
                        xform=wp.transform(cfg.pos, cfg.quat))
         add(name, "fixture", add_fixture)
     return layout
+
+
+def add_robot(world, robot: RobotCfg, newton) -> None:
+    """Loads the robot's model file into ``world`` (a ``newton.ModelBuilder``), then applies its
+    config: the base, the collision simplification and the actuators (:func:`joint_actuators`)."""
+    path = resolve_asset(robot.file)
+    options = dict(enable_self_collisions=robot.collision.self_collisions,
+                   collapse_fixed_joints=robot.collapse_fixed_joints,
+                   mesh_maxhullvert=robot.collision.max_hull_vertices)
+    if robot.floating_base is not None:
+        options["floating"] = robot.floating_base
+    loaders = {".xml": world.add_mjcf, ".urdf": world.add_urdf, ".usd": world.add_usd, ".usda": world.add_usd,
+               ".usdc": world.add_usd}
+    if path.suffix not in loaders:
+        raise ValueError(f"Could not load robot model {path}: unsupported file type '{path.suffix}' "
+                         "(use .xml, .urdf, .usd, .usda)")
+    first_body, first_joint, first_shape = world.body_count, world.joint_count, world.shape_count
+    try:
+        loaders[path.suffix](str(path), **options)
+    except Exception as e:
+        raise ValueError(f"Could not load robot model {path}: {e}") from e
+    if world.body_count == first_body:
+        raise ValueError(f"Robot model {path} has no bodies.")
+    shapes = range(first_shape, world.shape_count)
+    body_names = {b: short_label(world.body_label[b]) for b in range(first_body, world.body_count)}
+    _simplify_collisions(world, robot.collision, shapes, body_names, newton, path)
+    free = int(newton.JointType.FREE)
+    dofs, names = [], []
+    for j in range(first_joint, world.joint_count):
+        if world.joint_type[j] == free:
+            continue
+        start = world.joint_qd_start[j]
+        count = world.joint_qd_start[j + 1] if j + 1 < world.joint_count else world.joint_dof_count
+        dofs += range(start, count)
+        names += [short_label(world.joint_label[j])] * (count - start)
+    for dof, actuator in zip(dofs, joint_actuators(robot, names)):
+        if actuator is None:
+            continue
+        for key, array in (("stiffness", world.joint_target_ke), ("damping", world.joint_target_kd),
+                           ("effort_limit", world.joint_effort_limit), ("armature", world.joint_armature),
+                           ("friction", world.joint_friction)):
+            value = getattr(actuator, key)
+            if value is not None:
+                array[dof] = float(value)
+        # A dc_motor's PD runs outside the solver (simulation.py): MuJoCo gets no servo for it.
+        mode = newton.JointTargetMode.EFFORT if actuator.model == "dc_motor" else newton.JointTargetMode.POSITION
+        world.joint_target_mode[dof] = int(mode)
+
+
+def joint_actuators(robot: RobotCfg, joint_names: list[str]) -> list[ActuatorCfg | None]:
+    """The actuator config of each joint (None: the file's drive): the last group of
+    ``robot.actuators`` whose pattern matches its name."""
+    chosen: list[ActuatorCfg | None] = [None] * len(joint_names)
+    for group, actuator in robot.actuators.items():
+        if actuator.model not in ACTUATOR_MODELS:
+            raise ValueError(f"task.scene.robot.actuators.{group}.model: '{actuator.model}' is not one of "
+                             f"{list(ACTUATOR_MODELS)}.")
+        if actuator.model == "dc_motor" and (actuator.saturation_effort is None or actuator.velocity_limit is None):
+            raise ValueError(f"task.scene.robot.actuators.{group}: a dc_motor needs saturation_effort [N m] and "
+                             "velocity_limit [rad/s] (the torque-speed line of the motor's datasheet).")
+        for i in _match(actuator.joints, joint_names, "joint", f"the robot (task.scene.robot.actuators.{group})"):
+            chosen[i] = actuator
+    return chosen
+
+
+def _simplify_collisions(world, collision: CollisionCfg, shapes: range, body_names: dict[int, str], newton,
+                         path: Path) -> None:
+    """Replaces mesh colliders by fitted primitives and drops the colliders of ``remove``'s bodies."""
+    def shapes_of(pattern: str, what: str) -> list[int]:
+        bodies = {b for b, name in body_names.items() if re.fullmatch(pattern, name)}
+        if not bodies:
+            raise ValueError(f"task.scene.robot.collision.{what}: '{pattern}' matches no body of {path.name}. "
+                             f"Its bodies: {list(body_names.values())}")
+        return [s for s in shapes if world.shape_body[s] in bodies]
+
+    mesh = int(newton.GeoType.MESH)
+    collides = int(newton.ShapeFlags.COLLIDE_SHAPES)
+    for pattern, method in collision.approximate.items():
+        if method not in ("bounding_sphere", "bounding_box", "convex_hull"):
+            raise ValueError(f"task.scene.robot.collision.approximate.{pattern}: '{method}' is not one of "
+                             "bounding_sphere, bounding_box, convex_hull.")
+        meshes = [s for s in shapes_of(pattern, "approximate") if world.shape_type[s] == mesh
+                  and world.shape_flags[s] & collides]
+        if meshes:
+            world.approximate_meshes(method, shape_indices=meshes, raise_on_failure=True)
+    for pattern in collision.remove:
+        for s in shapes_of(pattern, "remove"):
+            world.shape_flags[s] &= ~collides
 
 
 def _counts(builder) -> tuple[int, ...]:
@@ -130,6 +235,11 @@ def _add_shape(world, body: int, cfg, shape_cfg, label: str, xform=None) -> None
         world.add_shape_capsule(body, xform=xform, radius=size[0], half_height=size[1] / 2, cfg=shape_cfg, label=label)
     else:
         world.add_shape_cylinder(body, xform=xform, radius=size[0], half_height=size[1] / 2, cfg=shape_cfg, label=label)
+
+
+def short_label(label: str) -> str:
+    """Newton labels are paths like 'quadruped/FL_calf'; keep the last component."""
+    return label.rsplit("/", 1)[-1]
 
 
 def _match(pattern: str | list[str], names: list[str], kind: str, entity: str) -> list[int]:
@@ -242,8 +352,9 @@ class Articulation(_Body):
     def __init__(self, sim, name: str, slices: Slices, shape_labels, body_labels, dof_labels: list[str], source: Path):
         super().__init__(sim, name, slices, shape_labels, body_labels)
         q0, v0 = (7, 6) if self.floating_base else (0, 0)
-        coords = slice(slices.coords.start + q0, slices.coords.stop)
-        dofs = slice(slices.dofs.start + v0, slices.dofs.stop)
+        # The actuated joints' coordinates and DoFs within one world's joint_q / joint_qd.
+        self.joint_coords = coords = slice(slices.coords.start + q0, slices.coords.stop)
+        self.joint_dofs = dofs = slice(slices.dofs.start + v0, slices.dofs.stop)
         self.joint_names = dof_labels[v0:]
         self.num_joints = dofs.stop - dofs.start
         if coords.stop - coords.start != self.num_joints:

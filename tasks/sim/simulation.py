@@ -9,7 +9,16 @@ import torch
 import warp as wp
 
 from legion.configs.schema import Robot, Scene
-from legion.tasks.sim.scene import JOINT_PARAMS, Articulation, Fixture, RigidObject, build_world, resolve_asset
+from legion.tasks.sim.scene import (
+    JOINT_PARAMS,
+    Articulation,
+    Fixture,
+    RigidObject,
+    build_world,
+    joint_actuators,
+    resolve_asset,
+    short_label,
+)
 from legion.tasks.sim.solver import PARAM_FLAGS, SOLVERS
 from legion.tasks.sim.terrain import Terrain, generate
 
@@ -85,6 +94,7 @@ class NewtonSim:
         self.solver = adapter(self, dict(solver_options or {}))  # after the views: it reads shapes_per_world
         self.solver_limits = wp.to_torch(self.solver.limits)  # overwritten by every step
         self._make_entities(world, layout, scene.robot.file)
+        self._make_motors(scene.robot)
         self._make_reset_masks()
         self.graph = self._capture() if use_graph else None
 
@@ -169,9 +179,9 @@ class NewtonSim:
         qd_start = _allocated(model.joint_qd_start).numpy()
         dof_labels = []
         for j, label in enumerate(model.joint_label[: world.joint_count]):
-            dof_labels += [_short(label)] * int(qd_start[j + 1] - qd_start[j])
-        body_labels = [_short(label) for label in model.body_label[:bodies]]
-        shape_labels = [_short(label) for label in model.shape_label[:shapes]]
+            dof_labels += [short_label(label)] * int(qd_start[j + 1] - qd_start[j])
+        body_labels = [short_label(label) for label in model.body_label[:bodies]]
+        shape_labels = [short_label(label) for label in model.shape_label[:shapes]]
         self.scene = {}
         for name, (kind, s) in layout.items():
             common = (self, name, s, shape_labels[s.shapes])
@@ -183,6 +193,57 @@ class NewtonSim:
                 entity = Fixture(*common)
             self.scene[name] = entity
         self.robot: Articulation = self.scene["robot"]
+
+    def _make_motors(self, robot_cfg: Robot) -> None:
+        """The robot's ``dc_motor`` joints as one Newton actuator (``newton.actuators``): a PD law
+        evaluated before every physics step, clipped by each motor's torque-speed line, added to
+        the env's feed-forward efforts. Its gains and effort limit are the robot's per-env
+        ``joint_stiffness``, ``joint_damping`` and ``joint_effort_limit`` (events scale them)."""
+        motor_cfgs = {i: a for i, a in enumerate(joint_actuators(robot_cfg, self.robot.joint_names))
+                      if a is not None and a.model == "dc_motor"}
+        ids = list(motor_cfgs)
+        self.motors = None
+        self.motor_joint_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        if not ids:
+            return
+        from newton.actuators import Actuator, ClampingDCMotor, DrivePD
+
+        n, k, device = self.num_envs, len(ids), self.device
+        dofs, coords = self.joint_qd.shape[1], self.joint_q.shape[1]
+        d0, q0 = self.robot.joint_dofs.start, self.robot.joint_coords.start
+
+        def per_world(values) -> wp.array:
+            return wp.array([v for _ in range(n) for v in values], dtype=wp.float32, device=device)
+
+        # Explicit mode reads these arrays at every step (they are not repacked): the views below write into them.
+        kp, kd, max_effort = (wp.zeros(n * k, device=device) for _ in range(3))
+        clamp = ClampingDCMotor(saturation_effort=per_world([motor_cfgs[i].saturation_effort for i in ids]),
+                                velocity_limit=per_world([motor_cfgs[i].velocity_limit for i in ids]),
+                                max_motor_effort=max_effort)
+        self.motors = Actuator(
+            indices=wp.array([w * dofs + d0 + i for w in range(n) for i in ids], dtype=wp.uint32, device=device),
+            pos_indices=wp.array([w * coords + q0 + i for w in range(n) for i in ids], dtype=wp.uint32, device=device),
+            drive=DrivePD(kp=kp, kd=kd), clamping=[clamp], control_feedforward_attr=None)
+        self._motor_params = [(wp.to_torch(array).view(n, k), name) for array, name in (
+            (kp, "joint_stiffness"), (kd, "joint_damping"), (max_effort, "joint_effort_limit"))]
+        self._sync_motor_params()
+        state, control = self.state, self.control
+        self._motor_inputs = ({"joint_q": state.joint_q, "joint_qd": state.joint_qd},
+                              {"joint_target_q": control.joint_target_q, "joint_target_qd": control.joint_target_qd,
+                               "joint_f": control.joint_f})
+        self._feedforward = wp.clone(_allocated(control.joint_f))  # the env's joint_f, put back after the step
+        self._motor_f = wp.clone(_allocated(control.joint_f))  # joint_f of the last physics step, motors included
+
+    def _sync_motor_params(self) -> None:
+        for view, name in self._motor_params:
+            view.copy_(getattr(self.robot, name)[:, self.motor_joint_ids])
+
+    @property
+    def motor_torque(self) -> torch.Tensor:
+        """(num_envs, len(motor_joint_ids)) [N m or N]: the torque the dc_motor joints' motors
+        applied in the last physics step (their PD law after the torque-speed clip)."""
+        ids = self.robot.joint_dofs.start + self.motor_joint_ids
+        return (wp.to_torch(self._motor_f) - wp.to_torch(self._feedforward)).view(self.num_envs, -1)[:, ids]
 
     def _make_reset_masks(self) -> None:
         """Newton's per-world reset mask (its last entry stands for the shared shapes, never
@@ -202,8 +263,17 @@ class NewtonSim:
 
     # ------------------------------------------------------------------------------------
     def _simulate(self) -> None:
+        motors, joint_f = self.motors, _allocated(self.control.joint_f)
+        if motors is not None:
+            wp.copy(self._feedforward, joint_f)
         for _ in range(self.decimation):
+            if motors is not None:  # the motors' torques, from this physics step's state
+                wp.copy(joint_f, self._feedforward)
+                motors.step(*self._motor_inputs, dt=self.dt)
+                wp.copy(self._motor_f, joint_f)
             self.solver.step(self.state, self.control, self.dt)
+        if motors is not None:
+            wp.copy(joint_f, self._feedforward)
         self.solver.finish_control_step(self.state)
         if self.senses_contacts:
             self.solver.sense_contacts(self._contact_out)
@@ -262,6 +332,8 @@ class NewtonSim:
     def _publish_params(self) -> None:
         """Derived quantities (inverse mass and inertia), then the solver's own."""
         changed, self._changed = self._changed, set()
+        if self.motors is not None and changed & {"joint_stiffness", "joint_damping", "joint_effort_limit"}:
+            self._sync_motor_params()
         if changed & {"body_mass", "body_inertia"}:
             mass = self.body_mass
             self._body_inv_mass.copy_(torch.where(mass > 0, 1.0 / mass.clamp(min=1e-12), 0.0))
@@ -284,9 +356,3 @@ def _allocated(array: wp.array | None) -> wp.array:
 def _torch(array: wp.array | None) -> torch.Tensor:
     """A zero-copy torch view of an array of a finalized Newton model, state or control."""
     return wp.to_torch(_allocated(array))
-
-
-def _short(label: str) -> str:
-    """Newton labels are paths like 'quadruped/FL_calf'; keep the last component."""
-    return label.rsplit("/", 1)[-1]
-
