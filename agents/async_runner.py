@@ -282,6 +282,7 @@ class AsyncRunner(Runner):
                 _wait_event(ready, self._device)
                 lags = [self.iteration - version for version in rollout.versions]
                 ppo.storage = rollout
+                self._check_rollout(rollout, info["nonfinite_max"])  # stops the run (the main thread re-raises)
                 with torch.inference_mode():
                     if self.max_lag == 0:
                         ppo.compute_returns(rollout.last_obs)  # on-policy: exactly sync PPO

@@ -136,6 +136,17 @@ def restore_if_nonfinite(ppo: PPO, losses: dict, last_good: dict) -> list[str]:
     return bad
 
 
+def nonfinite_rollout(storage: RolloutStorage) -> list[str]:
+    """Call before ``ppo.update()``: what in a collected rollout is NaN or Inf (``"rewards"``,
+    ``"observations 'policy'"``, ...). An empty list: the rollout is fit to learn from. rsl-rl's
+    update cannot take NaN: it makes the weights NaN at the first mini-batch and the next one
+    raises inside torch ("normal expects all elements of std >= 0.0"). One host sync per call."""
+    obs = storage.observations
+    named = {"rewards": storage.rewards, **{f"observations '{group}'": obs[group] for group in obs.keys()}}
+    finite = torch.stack([torch.isfinite(t).all() for t in named.values()]).tolist()
+    return [name for name, ok in zip(named, finite) if not ok]
+
+
 def map_tensors(obj: _Tree, fn: Callable[[torch.Tensor], torch.Tensor]) -> _Tree:
     """A copy of nested dicts/lists/tuples with ``fn`` applied to every tensor in it (same
     structure, so the same type)."""

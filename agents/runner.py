@@ -30,6 +30,7 @@ from legion.agents.ppo import (
     build_ppo,
     clone_tree,
     load_policy_state,
+    nonfinite_rollout,
     policy_state,
     restore_if_nonfinite,
 )
@@ -53,6 +54,13 @@ class TrainingDiverged(RuntimeError):
     """Training stopped because it cannot go on (non-finite physics or losses beyond the
     configured limits), after writing a checkpoint of the last good state. The message names the
     likely causes."""
+
+
+# Why physics goes NaN, for the messages that stop training on it.
+PHYSICS_CAUSES = ("Likely causes: a time step too large for the contacts and gains (sim.dt), PD gains or the action "
+                  "scale too high, or no gains at all (check the robot's actuators: task.scene.robot.actuators; a "
+                  "URDF carries none, so its joints go limp and the robot collapses), masses or inertias too small "
+                  "(a randomization range at an extreme), an unstable robot model.")
 
 
 class StopRequests:
@@ -205,10 +213,23 @@ class Runner:
         if share > limit:
             raise TrainingDiverged(
                 f"the physics went non-finite (NaN/Inf) in {share:.0%} of the envs in one step of iteration "
-                f"{report['iteration']} (agent.max_nonfinite_fraction={limit:g}). Likely causes: a time step too "
-                "large for the contacts and gains (sim.dt), PD gains or the action scale too high, masses or "
-                "inertias too small (a randomization range at an extreme), an unstable robot model. The policy "
+                f"{report['iteration']} (agent.max_nonfinite_fraction={limit:g}). {PHYSICS_CAUSES} The policy "
                 "of the last complete iteration is saved.")
+
+    def _check_rollout(self, storage, nonfinite_share) -> None:
+        """Call before the update: the env resets the worlds whose physics went non-finite and keeps
+        their numbers out of its rewards and observations; a NaN or Inf that still reached the
+        rollout would crash the update inside torch or make the weights NaN. Training stops before
+        the update, so the policy is the last complete iteration's (the caller's ``finally`` writes
+        the checkpoint). ``nonfinite_share``: the largest share of envs whose physics went
+        non-finite in one step of this rollout (a float or a device tensor). One host sync."""
+        bad = nonfinite_rollout(storage)
+        if bad:
+            raise TrainingDiverged(
+                f"the {' and '.join(bad)} of iteration {self.iteration + 1}'s rollout went non-finite (NaN/Inf); "
+                f"the physics went non-finite in up to {float(nonfinite_share):.0%} of the envs in one step. Stopped "
+                f"before the update. {PHYSICS_CAUSES} Or a reward or observation term that divides by zero. The "
+                "policy of the last complete iteration is saved.")
 
     def _check_update(self, report: dict) -> None:
         """An update that came out NaN or Inf was skipped, its weights restored (``report["nonfinite_update"]``
@@ -279,6 +300,7 @@ class Runner:
                                 obs, rewards, dones, extras = env.step(actions)
                                 ppo.process_env_step(obs, rewards, dones, extras)
                                 stats.step(rewards, dones, extras)
+                            self._check_rollout(ppo.storage, stats.nonfinite_max)
                         except BaseException:
                             ppo.storage.clear()  # a next learn() starts a fresh rollout
                             ppo.transition.clear()

@@ -138,6 +138,49 @@ def test_training_stops_with_a_checkpoint_when_too_many_worlds_go_nan(tmp_path):
     assert all(torch.isfinite(t).all() for t in runner.ppo.actor.state_dict().values())
 
 
+def test_an_arm_whose_physics_goes_nan_in_every_world_stops_training_with_legions_message(tmp_path):
+    """A robot that collapses (e.g. a URDF without PD gains) until the solver's state is NaN in every
+    world: arm_reach's rewards read the tool's pose, which is body state. That NaN once reached the
+    rewards and the update, which died in torch ("normal expects all elements of std >= 0.0")."""
+    runner = make_runner("task=arm_reach", "sim.num_envs=16", "agent.num_steps_per_env=8", log_dir=tmp_path)
+    runner.learn(1)
+    env = runner.env
+
+    def physics_goes_nan(env):
+        for state in (env.sim.joint_q, env.sim.joint_qd, env.sim.body_q, env.sim.body_qd):
+            state.fill_(float("nan"))
+
+    env.after_physics.append(physics_goes_nan)
+    with pytest.raises(TrainingDiverged, match=r"non-finite \(NaN/Inf\) in 100% of the envs.*sim\.dt.*"
+                                               r"task\.scene\.robot\.actuators"):
+        runner.learn(5)
+    assert runner.iteration == 2 and latest_checkpoint(tmp_path).name == "model_2.pt"
+    assert all(torch.isfinite(t).all() for t in runner.ppo.actor.state_dict().values())
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_nan_that_reaches_a_rollout_stops_training_before_the_update(tmp_path, mode):
+    """The env keeps a broken world's numbers out of its rewards and observations; a NaN it misses
+    stops training before the update (which it would crash or poison), with the last iteration's policy."""
+    runner = make_runner(*SMALL, f"agent.mode={mode}", log_dir=tmp_path)
+    runner.learn(1)
+    env, step = runner.env, runner.env.step
+
+    def step_with_nan_rewards(actions):
+        obs, rewards, dones, extras = step(actions)
+        return obs, torch.full_like(rewards, float("nan")), dones, extras
+
+    env.step = step_with_nan_rewards
+    with pytest.raises(TrainingDiverged, match=r"the rewards of iteration 2's rollout went non-finite \(NaN/Inf\).*"
+                                               r"Stopped before the update.*task\.scene\.robot\.actuators"):
+        runner.learn(5)
+    assert runner.iteration == 1 and latest_checkpoint(tmp_path).name == "model_1.pt"
+    assert all(torch.isfinite(t).all() for t in runner.ppo.actor.state_dict().values())
+    env.step = step
+    runner.learn(2)  # the run goes on from there
+    assert runner.iteration == 2
+
+
 def test_a_resumed_run_purges_the_tensorboard_steps_logged_after_its_checkpoint(tmp_path):
     """Killed after iteration 5 was logged but before its checkpoint, resumed from model_3.pt: TensorBoard
     shows each iteration once, steps 4 and 5 from the resumed attempt (SummaryWriter's purge_step)."""
