@@ -68,6 +68,7 @@ def build_metadata(loaded: LoadedRun, actor) -> dict:
 
     from legion.tasks.mdp import rewards, terminations
     from legion.tasks.mdp.commands import PoseCommand
+    from legion.tasks.sim.scene import joint_actuators
 
     env, settings = loaded.env, loaded.cfg
     robot, task = env.robot, settings.task
@@ -139,6 +140,13 @@ def build_metadata(loaded: LoadedRun, actor) -> dict:
         "joint_stiffness": floats(nominal["joint_stiffness"][0]),
         "joint_damping": floats(nominal["joint_damping"][0]),
         "effort_limits": floats(robot.effort_limits),
+        "joint_armature": floats(nominal["joint_armature"][0]),
+        "joint_friction": floats(nominal["joint_friction"][0]),
+        # Per joint, the drive the policy was trained with (configs/robot/): implicit PD, or a DC
+        # motor whose torque falls from saturation_effort at stall to zero at velocity_limit.
+        "actuators": [{"model": a.model, "saturation_effort": a.saturation_effort, "velocity_limit": a.velocity_limit}
+                      if a is not None and a.model == "dc_motor" else {"model": "implicit"}
+                      for a in joint_actuators(task.scene.robot, robot.joint_names)],
         "joint_limits": floats(robot.joint_limits),
         "control_dt": float(env.step_dt),
         "physics_dt": float(env.sim.physics_dt),

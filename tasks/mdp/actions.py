@@ -19,10 +19,20 @@ class JointPositionAction:
     push the joint through the solver's soft limit with its full effort (a gripper's fingers
     squeezed 1 cm past their stroke)."""
 
+    position_targets = True  # drives the joints' PD targets (not their efforts)
+
     def __init__(self, env, joints: str = ".*", scale: float = 1.0, clip: float | None = None,
                  clamp_to_limits: bool = False):
         self.env, self.scale, self.clip, self.clamp_to_limits = env, scale, clip, clamp_to_limits
         self.joint_ids = torch.tensor(env.robot.find_joints(joints), dtype=torch.long, device=env.device)
+        if self.position_targets:
+            limp = [env.robot.joint_names[i] for i in self.joint_ids.tolist() if env.robot.joint_stiffness[0, i] == 0]
+            if limp:  # a URDF has no drives: the robot would collapse, and its worlds go NaN within a second
+                raise ValueError(
+                    f"task.action drives {limp} to position targets, but their stiffness (the PD gain kp) is 0: the "
+                    "robot's model file sets no drive (a URDF has none). Give them actuators in the robot's config, "
+                    "task.scene.robot.actuators (configs/robot/panda.yaml is an example), e.g. "
+                    "+task.scene.robot.actuators.all='{joints: \".*\", stiffness: 80, damping: 4, effort_limit: 50}'.")
         self.actions = torch.zeros(env.num_envs, len(self.joint_ids), device=env.device)
         self.prev_actions = torch.zeros_like(self.actions)
         self.delay = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)  # control steps
@@ -105,6 +115,8 @@ class JointPositionDeltaAction(JointPositionAction):
 
 class JointEffortAction(JointPositionAction):
     """Generalized forces on the driven joints: ``effort = scale * action`` [N or N m]."""
+
+    position_targets = False
 
     @property
     def offset(self) -> torch.Tensor:
