@@ -50,7 +50,7 @@ def test_overrides_apply():
 @pytest.mark.parametrize("override, message", [
     ("agent.lerning_rate=1", "agent.lerning_rate: no such key. Valid keys of agent: mode, "),
     ("task.scene.robot.fle=x.xml",
-     "task.scene.robot.fle: no such key. Valid keys of task.scene.robot: file, root_height"),
+     "task.scene.robot.fle: no such key. Valid keys of task.scene.robot: file, floating_base, collapse_fixed_joints, "),
     ("+task.rewards.flyy={wieght: 1}", "task.rewards.flyy.wieght: no such key. Valid keys of task.rewards.flyy: func"),
     ("agent.max_iterations=abc", "agent.max_iterations: Value 'abc' of type 'str' could not be converted to Integer"),
 ])

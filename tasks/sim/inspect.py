@@ -18,11 +18,10 @@ import json
 import math
 import os
 import re
-import struct
-import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import imageio.v3 as iio
 import numpy as np
 
 from legion.configs.schema import Actuator as ActuatorCfg
@@ -365,7 +364,7 @@ def _pose_and_render(builder, newton, image: Path | None) -> float:
         palette = np.array([[0.85, 0.5, 0.2, 1], [0.95, 0.7, 0.35, 1], [0.7, 0.35, 0.15, 1]])
         m.geom_rgba[drawn] = palette[m.geom_bodyid[drawn] % len(palette)]  # neighbouring links apart
         image.parent.mkdir(parents=True, exist_ok=True)
-        _write_png(image, _render(m, d, drawn))
+        iio.imwrite(image, _render(m, d, drawn))
     return root_height
 
 
@@ -420,18 +419,6 @@ def _bounds(m, d, geoms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(3), np.zeros(3)
     stacked = np.concatenate([np.atleast_2d(p) for p in points])
     return stacked.min(0), stacked.max(0)
-
-
-def _write_png(path: Path, rgb: np.ndarray) -> None:
-    """An 8-bit RGB PNG (zlib and the format's three chunks: no imaging library needed)."""
-    height, width, _ = rgb.shape
-    rows = b"".join(b"\x00" + rgb[y].tobytes() for y in range(height))  # filter type 0 per row
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
-
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-                     + chunk(b"IDAT", zlib.compress(rows, 6)) + chunk(b"IEND", b""))
 
 
 # --- what will not train -------------------------------------------------------------------------

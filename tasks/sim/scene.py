@@ -145,9 +145,9 @@ def add_robot(world, robot: RobotCfg, newton) -> None:
         if world.joint_type[j] == free:
             continue
         start = world.joint_qd_start[j]
-        count = world.joint_qd_start[j + 1] if j + 1 < world.joint_count else world.joint_dof_count
-        dofs += range(start, count)
-        names += [short_label(world.joint_label[j])] * (count - start)
+        end = world.joint_qd_start[j + 1] if j + 1 < world.joint_count else world.joint_dof_count
+        dofs += range(start, end)
+        names += [short_label(world.joint_label[j])] * (end - start)
     for dof, actuator in zip(dofs, joint_actuators(robot, names)):
         if actuator is None:
             continue
