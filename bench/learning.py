@@ -18,6 +18,7 @@ The run itself (config, checkpoints, TensorBoard) goes to runs/<task>/<date>_lea
     python bench/learning.py --task quadruped_flat --mode async --minutes 90 --eval-every 10 --num-envs 1024
     python bench/learning.py --task arm_reach --minutes 30 --eval-every 5
     python bench/learning.py --task biped_flat --minutes 2 --eval-every 1 sim.num_envs=256   # a quick check
+    python bench/learning.py --task quadruped_flat --minutes 45 --eval-every 9 robot=go2   # learning_quadruped_flat_go2
     python bench/learning.py --task arm_lift --minutes 60 --eval-every 15 --episodes 100 --resume   # 60 min more
 
 ``--resume`` continues the run that bench/results/learning_<task>.json records, with that run's
@@ -141,7 +142,9 @@ def main():
         rest = [a for i, a in enumerate(sys.argv[1:]) if not a.startswith("--nproc") and sys.argv[i] != "--nproc"]
         os.execvp(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                    f"--nproc_per_node={args.nproc}", __file__, *rest])
-    record = ROOT / "bench" / "results" / f"learning_{args.task}.json"
+    robot = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("robot=")), None)
+    name = f"learning_{args.task}" + (f"_{robot}" if robot else "")  # robot=go2: a record of its own
+    record = ROOT / "bench" / "results" / f"{name}.json"
     if args.resume:
         if not record.is_file():
             parser.error(f"--resume: no record of an earlier run at {record}; start one without --resume")
@@ -244,14 +247,15 @@ def main():
     met = next((r for r in rows if r["goal"]), None)
     goal = ({"success_rate_at_least": args.success_goal} if "success_rate" in rows[0] else
             {"forward_error_below": WALK_ERROR, "falls_below": WALK_FALLS})
-    result = {"task": args.task, "mode": cfg.agent.mode, "num_envs": cfg.sim.num_envs, "ranks": args.nproc,
+    result = {"task": args.task, "robot": cfg.task.scene.robot.file, "mode": cfg.agent.mode,
+              "num_envs": cfg.sim.num_envs, "ranks": args.nproc,
               "device": cfg.device, "budget_min": budget / 60, "eval": options.__dict__, "run": str(run_dir),
               "goal": goal, "time_to_goal_min": met["train_min"] if met else None,
               "env_steps_to_goal_M": met["env_steps_M"] if met else None}
     print_table(rows)
     print(f"goal {goal} met after {result['time_to_goal_min']:.1f} min of training" if met else
           f"goal {goal} not met within {budget / 60:.1f} min")
-    path = write_json(f"learning_{args.task}", rows, **result, evaluations=evaluations)
+    path = write_json(name, rows, **result, evaluations=evaluations)
     plot(rows, args.task, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png')}")
     env.close()
