@@ -172,6 +172,10 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     if not isinstance(env.command, VelocityCommand) or not env.robot.floating_base:
         raise ValueError(f"task {settings.task.name} has no velocity command or no floating base; sim2sim compares "
                          "velocity-tracking (locomotion) policies.")
+    model = resolve_asset(settings.task.scene.robot.file)
+    if model.suffix != ".xml":
+        raise ValueError(f"sim2sim runs the robot's own MJCF in plain MuJoCo; {model.name} is not one (a URDF or "
+                         "USD robot, e.g. robot=go2, needs an MJCF with the same joints and actuators first).")
     options = physics_options(physics, settings.sim)
     if onnx is None:
         out_dir, _ = export_run(run, steps=20, loaded=loaded)
@@ -179,8 +183,7 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     policy = OnnxPolicy(onnx)
     steps = int(round(min(duration_s, settings.task.episode_length_s) / env.step_dt))
     newton = run_newton(env, policy, commands, steps)
-    mujoco_rows, loop = run_mujoco(resolve_asset(settings.task.scene.robot.file), Path(onnx), commands, steps,
-                                   realtime, options)
+    mujoco_rows, loop = run_mujoco(model, Path(onnx), commands, steps, realtime, options)
     return {"newton": newton, "mujoco": mujoco_rows,
             "mean": {"newton": mean_row(newton), "mujoco": mean_row(mujoco_rows)},
             "loop": loop, "steps": steps, "control_dt": env.step_dt, "onnx": str(onnx)}
