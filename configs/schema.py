@@ -53,7 +53,7 @@ class Actuator:
     velocity_limit: Optional[float] = None  # dc_motor: speed at which the torque reaches zero [rad/s or m/s]
     armature: Optional[float] = None  # reflected rotor inertia [kg m^2]
     friction: Optional[float] = None  # joint friction loss [N m or N]
-    delay: int = 0  # dc_motor: the command acts this many physics steps late
+    delay: int = 0  # dc_motor: the motor acts on the targets of this many physics steps before (latency)
 
 
 @dataclass

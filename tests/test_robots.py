@@ -124,6 +124,34 @@ SHORT_TRAININGS = {
 }
 
 
+def test_a_motor_delay_holds_the_old_target_for_its_physics_steps_and_a_reset_forgets_it(tmp_path):
+    """delay=5: a new target reaches the motor 5 physics steps late, across control steps of 3
+    physics steps (an odd count: the captured graph must end on the history it began with, else
+    each control step loses a step of history); a reset world drops its history and acts on the
+    target of now."""
+    (tmp_path / "flywheel.xml").write_text(FLYWHEEL)
+    motor = Actuator(joints="spin", model="dc_motor", stiffness=1000.0, damping=0.0, effort_limit=8.0,
+                     saturation_effort=10.0, velocity_limit=5.0, delay=5)
+    scene = Scene(robot=Robot(file=str(tmp_path / "flywheel.xml"), actuators={"wheel": motor}), ground=None,
+                  contact_sensing=False)
+    sim = NewtonSim(scene, num_envs=2, dt=0.002, decimation=3)
+    for _ in range(3):
+        sim.step()
+    assert sim.motor_torque.abs().max() == 0.0  # at rest on target 0
+    sim.robot.joint_pos_target[:] = 1.0e4
+    sim.step()  # physics steps k..k+2 act on the targets of k-5..k-3: zero
+    assert sim.motor_torque.abs().max() == 0.0
+    sim.step()  # k+5 acts on k's: the new target, at stall
+    assert sim.motor_torque[:, 0].tolist() == pytest.approx([8.0, 8.0], rel=1e-3)
+    for _ in range(5):
+        sim.step()
+    sim.robot.joint_pos_target[:] = 0.0
+    sim.reset(torch.tensor([True, False]))
+    sim.step()
+    torque = sim.motor_torque[:, 0]
+    assert torque[0] < -5.0 and torque[1] > 0.0  # world 0 brakes towards 0 now; world 1 still pushes on
+
+
 @needs_robots
 @pytest.mark.parametrize("case", SHORT_TRAININGS)
 def test_a_short_training_of_each_robots_tasks_improves_it(case):

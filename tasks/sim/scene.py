@@ -170,6 +170,10 @@ def joint_actuators(robot: RobotCfg, joint_names: list[str]) -> list[ActuatorCfg
         if actuator.model not in ACTUATOR_MODELS:
             raise ValueError(f"task.scene.robot.actuators.{group}.model: '{actuator.model}' is not one of "
                              f"{list(ACTUATOR_MODELS)}.")
+        if actuator.model != "dc_motor" and actuator.delay:
+            raise ValueError(f"task.scene.robot.actuators.{group}.delay: a delay needs model: dc_motor (the implicit "
+                             "PD runs inside the solver, on the current target); for the whole action use the "
+                             "action_delay event.")
         if actuator.model == "dc_motor" and (actuator.saturation_effort is None or actuator.velocity_limit is None):
             raise ValueError(f"task.scene.robot.actuators.{group}: a dc_motor needs saturation_effort [N m] and "
                              "velocity_limit [rad/s] (the torque-speed line of the motor's datasheet).")

@@ -206,7 +206,7 @@ class NewtonSim:
         self.motor_joint_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         if not ids:
             return
-        from newton.actuators import Actuator, ClampingDCMotor, DrivePD
+        from newton.actuators import Actuator, ClampingDCMotor, Delay, DrivePD
 
         n, k, device = self.num_envs, len(ids), self.device
         dofs, coords = self.joint_qd.shape[1], self.joint_q.shape[1]
@@ -220,10 +220,16 @@ class NewtonSim:
         clamp = ClampingDCMotor(saturation_effort=per_world([motor_cfgs[i].saturation_effort for i in ids]),
                                 velocity_limit=per_world([motor_cfgs[i].velocity_limit for i in ids]),
                                 max_motor_effort=max_effort)
+        delays = [motor_cfgs[i].delay for i in ids]
+        delay = None
+        if max(delays) > 0:  # each motor acts on the targets of `delay` physics steps before
+            delay = Delay(wp.array([d for _ in range(n) for d in delays], dtype=wp.int32, device=device), max(delays))
         self.motors = Actuator(
             indices=wp.array([w * dofs + d0 + i for w in range(n) for i in ids], dtype=wp.uint32, device=device),
             pos_indices=wp.array([w * coords + q0 + i for w in range(n) for i in ids], dtype=wp.uint32, device=device),
-            drive=DrivePD(kp=kp, kd=kd), clamping=[clamp], control_feedforward_attr=None)
+            drive=DrivePD(kp=kp, kd=kd), clamping=[clamp], delay=delay, control_feedforward_attr=None)
+        # The delay's history: read from one state, written to the other, swapped every physics step.
+        self._motor_states = [s for s in (self.motors.state(), self.motors.state()) if s is not None] or None
         self._motor_params = [(wp.to_torch(array).view(n, k), name) for array, name in (
             (kp, "joint_stiffness"), (kd, "joint_damping"), (max_effort, "joint_effort_limit"))]
         self._sync_motor_params()
@@ -266,14 +272,19 @@ class NewtonSim:
         motors, joint_f = self.motors, _allocated(self.control.joint_f)
         if motors is not None:
             wp.copy(self._feedforward, joint_f)
+        history = self._motor_states if motors is not None else None
+        current, following = history or (None, None)
         for _ in range(self.decimation):
             if motors is not None:  # the motors' torques, from this physics step's state
                 wp.copy(joint_f, self._feedforward)
-                motors.step(*self._motor_inputs, dt=self.dt)
+                motors.step(*self._motor_inputs, current, following, dt=self.dt)
+                current, following = following, current
                 wp.copy(self._motor_f, joint_f)
             self.solver.step(self.state, self.control, self.dt)
         if motors is not None:
             wp.copy(joint_f, self._feedforward)
+        if history is not None and self.decimation % 2:  # a graph replays the same buffers: end where it began
+            history[0].assign(history[1])
         self.solver.finish_control_step(self.state)
         if self.senses_contacts:
             self.solver.sense_contacts(self._contact_out)
@@ -309,6 +320,10 @@ class NewtonSim:
         self._newton.eval_fk(self.model, _allocated(self.state.joint_q), _allocated(self.state.joint_qd), self.state,
                              mask=self._fk_mask)
         self.solver.reset(self.state, self._reset_mask)
+        if self.motors is not None and self._motor_states is not None:  # forget the reset worlds' delayed targets
+            mask = self._reset_mask_t[: self.num_envs].repeat_interleave(len(self.motor_joint_ids))
+            for history in self._motor_states:
+                history.reset(wp.from_torch(mask, dtype=wp.bool))
 
     def ground_height(self, xy: torch.Tensor) -> torch.Tensor:
         """Height [m] of the ground under world points ``xy`` (..., 2) [m]: the terrain's, else 0."""
