@@ -61,7 +61,10 @@ def summarize(report: dict, train_s: float, iteration: int, env_steps: int, rewa
         return row
     rows = {r["command"]: r for r in report["rows"]}
     moving = [r for r in report["rows"] if r["command"] != "stand"]
-    mean = lambda key, rs: sum(r[key] for r in rs) / len(rs)  # noqa: E731
+    def mean(key: str, rs: list[dict]) -> float | None:  # over the commands measured (None: all of them fell)
+        values = [r[key] for r in rs if r[key] is not None]
+        return sum(values) / len(values) if values else None
+
     forward = rows.get("forward")
     levels = [r["terrain_level"] for r in report["rows"] if r["terrain_level"] is not None]
     row = {
@@ -72,7 +75,8 @@ def summarize(report: dict, train_s: float, iteration: int, env_steps: int, rewa
         "fall_rate": mean("fall_rate", report["rows"]),
         "terrain_level": sum(levels) / len(levels) if levels else None,
     }
-    row["goal"] = bool(forward and row["forward_error"] < WALK_ERROR and row["fall_rate"] < WALK_FALLS)
+    row["goal"] = bool(forward and row["forward_error"] is not None and row["forward_error"] < WALK_ERROR
+                       and row["fall_rate"] < WALK_FALLS)
     return row
 
 

@@ -116,7 +116,7 @@ from a fresh reset, and the metrics are printed as a table and written to DIR (d
 <run>/eval/) as <checkpoint>.json and <checkpoint>.png (commanded vs actual velocity over time).
 
 Locomotion (velocity-command tasks), per command, over the steps after settle_s before any fall:
-  vel_error_xy       mean |v_xy,cmd - v_xy| [m/s], base frame
+  vel_error_xy       mean |v_xy,cmd - v_xy| [m/s], base frame (none: every env of the command fell first)
   yaw_rate_error     mean |yaw rate_cmd - yaw rate| [rad/s]
   fall_rate          share of envs whose episode ended in a failure (a termination term)
   survival_s         mean time to that failure (duration_s if none) [s]

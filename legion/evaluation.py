@@ -180,7 +180,10 @@ def locomotion(loaded: LoadedRun, options: Options) -> dict:
 
     rollout(loaded, steps, observe)
     group = lambda x: x.view(count, per)  # noqa: E731
-    measured = group(sums["steps"]).sum(1).clamp(min=1.0)
+    # Steps measured per command: none when every env of it fell before settle_s. Its errors and power
+    # are then undefined (None in the rows), not 0: a command nobody stayed up for was not tracked.
+    measured = group(sums["steps"]).sum(1)
+    measured = torch.where(measured > 0, measured, torch.nan)
     levels = env.terrain_levels.levels.float() if env.terrain_levels is not None else None
     result = {
         "vel_error_xy": group(sums["err_xy"]).sum(1) / measured,
@@ -196,15 +199,16 @@ def locomotion(loaded: LoadedRun, options: Options) -> dict:
     result = {k: v.tolist() for k, v in result.items()}  # the one read-back
     held, asked = ([[round(v, 6) for v in c] for c in x.tolist()] for x in (held, asked))
     rows = []
+    defined = lambda x: None if math.isnan(x) else x  # noqa: E731
     for i, name in enumerate(names):
         moving = math.hypot(held[i][0], held[i][1]) > 0.0
         rows.append({
             "command": name, "v_x": held[i][0], "v_y": held[i][1], "yaw_rate": held[i][2],
             "clamped": held[i] != asked[i],
-            "vel_error_xy": result["vel_error_xy"][i], "yaw_rate_error": result["yaw_rate_error"][i],
+            "vel_error_xy": defined(result["vel_error_xy"][i]), "yaw_rate_error": defined(result["yaw_rate_error"][i]),
             "fall_rate": result["fall_rate"][i], "survival_s": result["survival_s"][i],
             "terrain_level": result["terrain_level"][i] if levels is not None else None,
-            "power_w": result["power_w"][i],
+            "power_w": defined(result["power_w"][i]),
             "cost_of_transport": result["cost_of_transport"][i] if moving else None,
         })
     time_s = [(t + 1) * dt for t in range(steps)]

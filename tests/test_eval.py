@@ -65,6 +65,8 @@ def test_fall_rate_counts_episodes_ended_by_a_termination_and_survival_stops_the
                       overrides=["+task.terminations.low={func: base_height_below, params: {height: 1.0}}"])
     (stand,) = report["rows"]
     assert stand["fall_rate"] == 1.0 and stand["survival_s"] == 0.0
+    # nobody stayed up to be measured: no tracking error (it read 0.0, a perfect score, before)
+    assert stand["vel_error_xy"] is None and stand["yaw_rate_error"] is None and stand["power_w"] is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the run loads there")
