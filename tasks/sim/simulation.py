@@ -202,7 +202,7 @@ class NewtonSim:
         motor_cfgs = {i: a for i, a in enumerate(joint_actuators(robot_cfg, self.robot.joint_names))
                       if a is not None and a.model == "dc_motor"}
         ids = list(motor_cfgs)
-        self.motors = None
+        self.motors, self._motor_states = None, None
         self.motor_joint_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         if not ids:
             return
@@ -230,6 +230,8 @@ class NewtonSim:
             drive=DrivePD(kp=kp, kd=kd), clamping=[clamp], delay=delay, control_feedforward_attr=None)
         # The delay's history: read from one state, written to the other, swapped every physics step.
         self._motor_states = [s for s in (self.motors.state(), self.motors.state()) if s is not None] or None
+        self._motor_reset = torch.zeros(n, k, dtype=torch.bool, device=device)  # per motor: its world's reset
+        self._motor_reset_wp = wp.from_torch(self._motor_reset.view(-1), dtype=wp.bool)
         self._motor_params = [(wp.to_torch(array).view(n, k), name) for array, name in (
             (kp, "joint_stiffness"), (kd, "joint_damping"), (max_effort, "joint_effort_limit"))]
         self._sync_motor_params()
@@ -320,10 +322,10 @@ class NewtonSim:
         self._newton.eval_fk(self.model, _allocated(self.state.joint_q), _allocated(self.state.joint_qd), self.state,
                              mask=self._fk_mask)
         self.solver.reset(self.state, self._reset_mask)
-        if self.motors is not None and self._motor_states is not None:  # forget the reset worlds' delayed targets
-            mask = self._reset_mask_t[: self.num_envs].repeat_interleave(len(self.motor_joint_ids))
+        if self._motor_states is not None:  # forget the reset worlds' delayed targets (no allocation: capturable)
+            self._motor_reset.copy_(self._reset_mask_t[: self.num_envs, None].expand_as(self._motor_reset))
             for history in self._motor_states:
-                history.reset(wp.from_torch(mask, dtype=wp.bool))
+                history.reset(self._motor_reset_wp)
 
     def ground_height(self, xy: torch.Tensor) -> torch.Tensor:
         """Height [m] of the ground under world points ``xy`` (..., 2) [m]: the terrain's, else 0."""
