@@ -157,7 +157,8 @@ def main():
             parser.error(f"--resume: the recorded run trained as {previous.get('ranks', 1)} rank(s); "
                          f"resume it with --nproc {previous.get('ranks', 1)}")
         run_dir = Path(previous["run"])
-        cfg = load_run_config(run_dir, args.overrides)  # the run's own config: same task, envs, mode
+        # the run's own config (same task, robot, envs, mode); robot= only names the record
+        cfg = load_run_config(run_dir, [o for o in args.overrides if not o.startswith("robot=")])
     else:
         previous = None
         overrides = [f"task={args.task}", f"agent.mode={args.mode}", f"device={args.device}",
