@@ -275,11 +275,15 @@ class Task:
 # --- physics ---------------------------------------------------------------------------------------
 @dataclass
 class Sim:
-    solver: str = "mujoco"  # mujoco: SolverMuJoCo on MuJoCo Warp | xpbd (no contact sensing)
+    solver: str = "mujoco"  # mujoco: Newton's SolverMuJoCo | xpbd (no contact sensing)
+    # Where MuJoCo's physics runs: warp (MuJoCo Warp, CPU or CUDA) | c (MuJoCo's C library on
+    # every CPU core, device=cpu only: several times faster there, BENCHMARKS.md) | auto (c on a
+    # CPU, warp on CUDA).
+    backend: str = "auto"
     num_envs: int = 4096
     dt: float = 0.005  # physics step [s]
     decimation: int = 4  # physics steps per control step
-    use_graph: bool = True  # capture the decimated step as one Warp graph (CPU and CUDA)
+    use_graph: bool = True  # capture the decimated step as one Warp graph (backend=warp)
     # CUDA only: record the whole control step (action, physics, commands, terms, resets,
     # observations) as one CUDA graph and replay it, instead of dozens of small launches per step.
     # The CPU has no such graph: there the eager step is already within ~10% of its physics.

@@ -43,10 +43,12 @@ def all_terms_on(*overrides: str) -> list[str]:
     return [*overrides, *(f"++task.events.{name}.enabled=true" for name in names)]
 
 
-def test_friction_drawn_per_env_is_the_friction_in_effect():
+@pytest.mark.parametrize("backend", ["c", "warp"])
+def test_friction_drawn_per_env_is_the_friction_in_effect(backend):
     # The ground keeps its own friction 1.0: under MuJoCo's max rule both robots would slide
     # as if on 1.0. The robots lie on their backs (base box on the ground) and slide at 1 m/s.
-    env = only("{friction: {mode: startup, range: [0.2, 1.2]}}", "task.scene.ground.friction=1.0")
+    env = only("{friction: {mode: startup, range: [0.2, 1.2]}}", "task.scene.ground.friction=1.0",
+               f"sim.backend={backend}")
     set_per_env(env, "friction", [0.2, 1.2])
     assert env.robot.shape_friction[:, 0].tolist() == pytest.approx([0.2, 1.2])
     pose = env.robot.default_root_pose.clone()

@@ -115,8 +115,11 @@ SHORT_TRAININGS = {
     # rough terrain (3 levels): the first thing the Go2 learns is not to fall (10.2% -> 1.6% of the
     # worlds; its return dips meanwhile, 0.539 -> 0.468, as it stops tracking to stay up)
     "go2_rough": ("go2", ["task=quadruped_rough", *SMALL_TERRAIN], 10, {"ended": -0.04}),
-    # 29 DoF: 96.9% -> 94.5% of the worlds fall within 2 s, return -3.204 -> -3.051
-    "g1_flat": ("g1", ["task=biped_flat"], 20, {"return": 0.075}),
+    # 29 DoF: 91.4% -> 89.1% of the worlds fall within 2 s, return -2.881 -> -2.752. The adaptive
+    # schedule's KL bound cuts the learning rate to 1e-5 within a few iterations of an untrained
+    # humanoid (and then the return only drifts): a fixed rate here.
+    "g1_flat": ("g1", ["task=biped_flat", "agent.algorithm.schedule=fixed", "agent.algorithm.learning_rate=5e-4"],
+                20, {"return": 0.075}),
     # the target at the home pose's yaw (the full range takes longer; see test_manipulation): -0.187 -> 0.388
     "panda_reach": ("panda", ["task=arm_reach", "task.command.ranges.yaw=[3.1415927,3.1415927]"], 15,
                     {"return": 0.25}),

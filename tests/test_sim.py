@@ -35,8 +35,9 @@ def stand(sim: NewtonSim, height: float = 0.33) -> None:
 
 @pytest.fixture(scope="module")
 def quad_pair():
-    """Two identical 4-world quadruped sims: one stepped with the captured graph, one eagerly."""
-    return NewtonSim(num_envs=4, use_graph=True, **QUAD), NewtonSim(num_envs=4, use_graph=False, **QUAD)
+    """Two identical 4-world quadruped sims on MuJoCo Warp: one stepped with the captured graph, one eagerly."""
+    return (NewtonSim(num_envs=4, use_graph=True, backend="warp", **QUAD),
+            NewtonSim(num_envs=4, use_graph=False, backend="warp", **QUAD))
 
 
 def test_layout_comes_from_the_model(quad_pair):
@@ -70,7 +71,8 @@ def test_a_linesearch_at_its_limit_is_counted_the_same_in_graph_and_eager_and_pr
     impact: each control step counts those worlds, on the device, and nothing is printed."""
     counts = {}
     for use_graph in (True, False):
-        sim = NewtonSim(num_envs=4, use_graph=use_graph, solver_options={"iterations": 10, "ls_iterations": 1}, **QUAD)
+        sim = NewtonSim(num_envs=4, use_graph=use_graph, solver_options={"iterations": 10, "ls_iterations": 1},
+                        backend="warp", **QUAD)
         stand(sim, height=0.45)
         counts[use_graph] = []
         for _ in range(12):

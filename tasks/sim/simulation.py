@@ -19,7 +19,7 @@ from legion.tasks.sim.scene import (
     resolve_asset,
     short_label,
 )
-from legion.tasks.sim.solver import PARAM_FLAGS, SOLVERS
+from legion.tasks.sim.solver import PARAM_FLAGS, adapter
 from legion.tasks.sim.terrain import Terrain, generate
 
 # Warp's CPU kernels point a static of their module at the calling thread's tile arena (LLVM's
@@ -51,11 +51,14 @@ class NewtonSim:
         dt: physics time step [s].
         decimation: physics steps per :meth:`step` (one control step).
         device: Warp/torch device string, e.g. ``"cpu"`` or ``"cuda:0"``.
-        solver: ``"mujoco"`` (SolverMuJoCo on MuJoCo Warp) or ``"xpbd"`` (no contact sensing).
+        solver: ``"mujoco"`` (Newton's SolverMuJoCo) or ``"xpbd"`` (no contact sensing).
         solver_options: keyword arguments of the solver's constructor.
+        backend: where MuJoCo's physics runs: ``"warp"`` (MuJoCo Warp, any device), ``"c"``
+            (MuJoCo's C library on every CPU core; CPU only) or ``"auto"`` (``c`` on a CPU).
         contact_gap: collision detection gap [m]; Newton's 0.1 m default made ~30x more contacts
             than needed (PLATFORM.md).
-        use_graph: capture the decimated step as one Warp graph (CPU and CUDA).
+        use_graph: capture the decimated step as one Warp graph (CPU and CUDA; the C backend's
+            step is host code, never captured).
 
     Attributes:
         scene: the entities by name (``"robot"``, then objects and fixtures in config order).
@@ -69,34 +72,32 @@ class NewtonSim:
     @_one_thread_at_a_time
     def __init__(self, scene: Scene | str, num_envs: int, dt: float, decimation: int, device: str = "cpu",
                  solver: str = "mujoco", solver_options: dict | None = None, contact_gap: float = 0.0,
-                 use_graph: bool = True):
+                 use_graph: bool = True, backend: str = "auto"):
         import newton  # imported here so that `import legion.tasks.sim` stays cheap
 
         if isinstance(scene, str):
             scene = Scene(robot=Robot(file=scene))
-        if solver not in SOLVERS:
-            raise ValueError(f"Unknown solver '{solver}'; choose one of {sorted(SOLVERS)} (configs/sim/).")
+        solver_adapter = adapter(solver, backend, device)
         if num_envs < 1 or decimation < 1 or dt <= 0:
             raise ValueError(f"Need num_envs >= 1, decimation >= 1, dt > 0; got {num_envs}, {decimation}, {dt}.")
-        adapter = SOLVERS[solver]
-        if scene.contact_sensing and not adapter.senses_contacts:
+        if scene.contact_sensing and not solver_adapter.senses_contacts:
             raise ValueError("Contact-force sensing needs sim=mujoco. For sim=xpbd set "
                              "task.scene.contact_sensing=false and remove the task's contact terms "
                              "(feet_air_time, undesired_contacts, illegal_contact).")
         self.num_envs, self.dt, self.decimation, self.device = num_envs, dt, decimation, device
         self.physics_dt, self.control_dt = dt, dt * decimation
-        self.solver_name = solver
+        self.solver_name, self.backend = solver, solver_adapter.backend
         self.senses_contacts = scene.contact_sensing
         self._newton = newton
 
-        world, layout = self._build_model(scene, adapter, contact_gap)
+        world, layout = self._build_model(scene, solver_adapter, contact_gap)
         self._make_views(world)
-        self.solver = adapter(self, dict(solver_options or {}))  # after the views: it reads shapes_per_world
+        self.solver = solver_adapter(self, dict(solver_options or {}))  # after the views: it reads shapes_per_world
         self.solver_limits = wp.to_torch(self.solver.limits)  # overwritten by every step
         self._make_entities(world, layout, scene.robot.file)
         self._make_motors(scene.robot)
         self._make_reset_masks()
-        self.graph = self._capture() if use_graph else None
+        self.graph = self._capture() if use_graph and solver_adapter.capturable else None
 
     # --- construction, in order ---------------------------------------------------------------
     def _build_model(self, scene: Scene, adapter, contact_gap: float) -> tuple:
@@ -271,25 +272,30 @@ class NewtonSim:
 
     # ------------------------------------------------------------------------------------
     def _simulate(self) -> None:
-        motors, joint_f = self.motors, _allocated(self.control.joint_f)
-        if motors is not None:
-            wp.copy(self._feedforward, joint_f)
-        history = self._motor_states if motors is not None else None
-        current, following = history or (None, None)
-        for _ in range(self.decimation):
-            if motors is not None:  # the motors' torques, from this physics step's state
-                wp.copy(joint_f, self._feedforward)
-                motors.step(*self._motor_inputs, current, following, dt=self.dt)
-                current, following = following, current
-                wp.copy(self._motor_f, joint_f)
-            self.solver.step(self.state, self.control, self.dt)
-        if motors is not None:
-            wp.copy(joint_f, self._feedforward)
-        if history is not None and self.decimation % 2:  # a graph replays the same buffers: end where it began
-            history[0].assign(history[1])
+        if self.motors is None:  # one call: the C backend steps a whole control step at once
+            self.solver.step(self.state, self.control, self.dt, self.decimation)
+        else:
+            self._simulate_motors()
         self.solver.finish_control_step(self.state)
         if self.senses_contacts:
             self.solver.sense_contacts(self._contact_out)
+
+    def _simulate_motors(self) -> None:
+        """The control step one physics step at a time, the motors' torques from each step's state."""
+        motors, joint_f = self.motors, _allocated(self.control.joint_f)
+        assert motors is not None
+        wp.copy(self._feedforward, joint_f)
+        history = self._motor_states
+        current, following = history or (None, None)
+        for _ in range(self.decimation):
+            wp.copy(joint_f, self._feedforward)
+            motors.step(*self._motor_inputs, current, following, dt=self.dt)
+            current, following = following, current
+            wp.copy(self._motor_f, joint_f)
+            self.solver.step(self.state, self.control, self.dt)
+        wp.copy(joint_f, self._feedforward)
+        if history is not None and self.decimation % 2:  # a graph replays the same buffers: end where it began
+            history[0].assign(history[1])
 
     @_one_thread_at_a_time
     def step(self) -> None:

@@ -6,11 +6,21 @@ per-env parameters; it reads the solver's ``limits`` counters (:data:`SOLVER_LIM
 :class:`MuJoCo` (SolverMuJoCo on MuJoCo Warp, the default) and :class:`XPBD` answer. This is the
 only module that uses private names of Newton and MuJoCo Warp, or reaches into MuJoCo Warp's
 model and data behind SolverMuJoCo; each use says why.
+
+:class:`MuJoCoC` is the same SolverMuJoCo with its physics stepped by MuJoCo's C library on every
+CPU core (``sim.backend=c``; on a CPU the default, :func:`adapter`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import copy
+import ctypes
+import dataclasses
 import math
+import os
+from pathlib import Path
 
 import mujoco_warp as mjw
 import numpy as np
@@ -137,6 +147,8 @@ class MuJoCo:
 
     name = "mujoco"
     senses_contacts = True
+    backend = "warp"
+    capturable = True  # its step is Warp kernels only: NewtonSim records it as one graph
 
     @staticmethod
     def prepare_builder(builder) -> None:
@@ -182,15 +194,17 @@ class MuJoCo:
         slots = np.where(geom_body > 0, mjc_body_to_newton[geom_body], -1).astype(np.int32)
         self._geom_slot = wp.array(slots, dtype=int, device=sim.device)
 
-    def step(self, state, control, dt: float) -> None:
-        # Stepping one State in place keeps every torch view valid (MuJoCo reads state_in before
-        # it writes state_out).
-        self.solver.step(state, state, control, None, dt)
-        # MuJoCo Warp only ever ORs bits into Data.overflow: taking and clearing them after every
-        # physics step counts each step's once, whether or not Newton clears them too.
-        overflow = self.solver.mjw_data.overflow
-        wp.launch(_gather_overflow_kernel, dim=self.sim.num_envs, inputs=[overflow, self._overflow_hit],
-                  device=self.sim.device)
+    def step(self, state, control, dt: float, steps: int = 1) -> None:
+        """``steps`` physics steps of ``dt`` with the same control."""
+        for _ in range(steps):
+            # Stepping one State in place keeps every torch view valid (MuJoCo reads state_in
+            # before it writes state_out).
+            self.solver.step(state, state, control, None, dt)
+            # MuJoCo Warp only ever ORs bits into Data.overflow: taking and clearing them after
+            # every physics step counts each step's once, whether or not Newton clears them too.
+            overflow = self.solver.mjw_data.overflow
+            wp.launch(_gather_overflow_kernel, dim=self.sim.num_envs, inputs=[overflow, self._overflow_hit],
+                      device=self.sim.device)
 
     def finish_control_step(self, state) -> None:
         self.limits.zero_()
@@ -242,6 +256,8 @@ class XPBD:
 
     name = "xpbd"
     senses_contacts = False
+    backend = "warp"
+    capturable = True
 
     @staticmethod
     def prepare_builder(builder) -> None:
@@ -257,11 +273,12 @@ class XPBD:
         self._state_next = sim.model.state()
         self.limits = wp.zeros(len(SOLVER_LIMITS), dtype=int, device=sim.device)  # XPBD has none: zeros
 
-    def step(self, state, control, dt: float) -> None:
-        # XPBD needs distinct in/out states; the result is copied back so the views stay valid.
-        self.collision.collide(state, self.contacts)
-        self.solver.step(state, self._state_next, control, self.contacts, dt)
-        state.assign(self._state_next)
+    def step(self, state, control, dt: float, steps: int = 1) -> None:
+        for _ in range(steps):
+            # XPBD needs distinct in/out states; the result is copied back so the views stay valid.
+            self.collision.collide(state, self.contacts)
+            self.solver.step(state, self._state_next, control, self.contacts, dt)
+            state.assign(self._state_next)
 
     def finish_control_step(self, state) -> None:
         self._newton.eval_ik(self.sim.model, state, state.joint_q, state.joint_qd)
@@ -276,7 +293,307 @@ class XPBD:
         self.solver.notify_model_changed(_flags(self._newton, changed))
 
 
+class MuJoCoC(MuJoCo):
+    """SolverMuJoCo with its physics stepped by MuJoCo's C library on every CPU core.
+
+    On a CPU, Warp runs each kernel on one thread, so MuJoCo Warp steps the worlds on one core,
+    where MuJoCo's C library steps one world in ~10 us on each core (BENCHMARKS.md: backends).
+    Everything but the integration stays :class:`MuJoCo`'s: the same SolverMuJoCo builds the
+    model, and MuJoCo Warp's per-world model and data stay the interface to Newton. Its own
+    conversions push Newton's state and control into MuJoCo's coordinates and pull them back
+    (forward kinematics included), and its ``notify_model_changed`` turns edited per-env
+    parameters into per-world MuJoCo fields, as on the Warp path; only the MuJoCo Warp step in
+    between is replaced.
+
+    That step: each world's whole integration state (``mjSTATE_INTEGRATION``: time, positions,
+    velocities, controls, applied forces and the solver's warm start) is a row of one float64
+    array. One thread per core takes a contiguous share of the worlds and, with one MjData of its
+    own, sets a world's row, calls ``mj_step`` ``steps`` times and reads the row back, through
+    ctypes into MuJoCo's library (ctypes releases the GIL, so the threads run in parallel). This
+    is ``mujoco.rollout``'s loop (as fast, measured), with one thing rollout cannot do: give back
+    the warm start, so a world's next control step starts from its own last solution exactly as
+    one MjData stepping alone would (plain MuJoCo, `legion sim2sim`, a robot log replayed). A
+    world's result depends on its own row only: the thread schedule cannot change it (exact
+    replay holds).
+
+    - Per-world parameters: the worlds share one MjModel until randomization gives a world
+      values of its own; then that world gets its own copy, and every per-world field MuJoCo
+      Warp holds for it (masses, inertias, friction, gains, gravity, ...) is copied into it
+      whenever it changes (compared to the values last copied).
+    - Contact forces: a MuJoCo contact sensor per body (``reduce="netforce"``: the net force
+      of the body's contacts, world frame), copied out after each world's last physics step.
+    - Solver limits: MuJoCo's C library grows its arena rather than dropping contacts and keeps
+      no per-world iteration counts; ``overflow`` counts its warnings that the arena was full
+      (contacts or constraints dropped), the iteration limits are not counted (zeros).
+    """
+
+    backend = "c"
+    capturable = False  # host code: no Warp graph records it
+
+    def __init__(self, sim, options: dict):
+        import mujoco
+
+        self._mujoco = mujoco
+        with _compiled_specs(mujoco) as compiled:
+            super().__init__(sim, options)
+        template = self.solver.mj_model
+        spec = next(spec for spec, model in compiled if model is template)
+        self.mj_model = m = _with_contact_sensors(mujoco, spec, template)
+        m.opt.timestep = sim.dt
+        # A world whose physics diverges keeps its NaN, as on MuJoCo Warp, for the env to see and
+        # reset it; MuJoCo would silently put it back at the model's reference pose (qpos0).
+        m.opt.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_AUTORESET)
+        n = sim.num_envs
+        self._per_world = self._per_world_fields()
+        self.models = [m] * n  # a world's own copy once its parameters differ (_copy_parameters)
+        self._model_ptrs = [m._address] * n
+        self._copy_parameters(initial=True)
+
+        # One row per world: its integration state, laid out as MuJoCo's mjtState bits in order.
+        self._spec = int(mujoco.mjtState.mjSTATE_INTEGRATION)
+        self.states = np.zeros((n, mujoco.mj_stateSize(m, self._spec)))
+        self.columns, start = {}, 0
+        for part in mujoco.mjtState.__members__.values():
+            bit = int(part)
+            if bit & (bit - 1) == 0 and bit & self._spec and part is not mujoco.mjtState.mjNSTATE:
+                size = mujoco.mj_stateSize(m, bit)
+                self.columns[part.name.removeprefix("mjSTATE_").lower()] = slice(start, start + size)
+                start += size
+        assert start == self.states.shape[1]
+        data = mujoco.MjData(m)
+        mujoco.mj_getState(m, data, self.states[0], self._spec)  # the model's reference state
+        self.states[:] = self.states[0]
+        self.sensors = np.zeros((n, m.nsensordata))
+        d = self.solver.mjw_data
+        # MuJoCo Warp's data on the CPU: numpy views of its (num_envs, ...) arrays, no copies.
+        self._d = {name: getattr(d, name).numpy().reshape(n, -1)
+                   for name in ("qpos", "qvel", "act", "ctrl", "qfrc_applied", "xfrc_applied")}
+        self._graphs = None
+
+        threads = len(os.sched_getaffinity(0))
+        self._datas = [mujoco.MjData(m) for _ in range(threads)]
+        bounds = np.linspace(0, n, threads + 1).astype(int)
+        self._shares = [(self._datas[t], range(bounds[t], bounds[t + 1])) for t in range(threads)]
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="mujoco")
+        self._lib = _mujoco_library(mujoco)
+        self._overflows = 0
+        self._full = (int(mujoco.mjtWarning.mjWARN_CNSTRFULL), int(mujoco.mjtWarning.mjWARN_CONTACTFULL))
+        # The sensors' bodies -> Newton body slots of a world
+        assert self.solver.mjc_body_to_newton is not None
+        mjc_body_to_newton = self.solver.mjc_body_to_newton.numpy()[0]  # pyright: ignore[reportAttributeAccessIssue]
+        self._sensor_slot = mjc_body_to_newton[m.sensor_objid].astype(np.int64)
+
+    # --- per-world parameters --------------------------------------------------------------
+    def _per_world_fields(self) -> list:
+        """(MuJoCo Warp owner, C owner getter, name, values last copied): every MuJoCo Warp model
+        field held per world that the C model has under the same name."""
+        n, found = self.sim.num_envs, []
+        mw = self.solver.mjw_model
+        for owner, c_owner in ((mw, lambda model: model), (mw.opt, lambda model: model.opt)):
+            for field in dataclasses.fields(owner):
+                value = getattr(owner, field.name)
+                if not isinstance(value, wp.array) or value.shape[0] != n or field.name == "timestep":
+                    continue  # (the timestep is the sim's: one world's timestep array has the shape of a field)
+                target = getattr(c_owner(self.mj_model), field.name, None)
+                rows = value.numpy().reshape(n, -1)
+                if target is None or np.size(target) != rows.shape[1]:
+                    continue  # MuJoCo Warp's own (impratio_invsqrt) or not a per-world field
+                found.append((owner, c_owner, field.name, rows.copy()))
+        return found
+
+    def _copy_parameters(self, initial: bool = False) -> None:
+        """Each world's changed per-world fields into its MjModel (its own copy from then on). At
+        construction the shared model takes the values all worlds have (Newton's inertia axes,
+        joint ranges and plane sizes differ in form from the compiled model's, not in physics)."""
+        n, edited = self.sim.num_envs, set()
+        for owner, c_owner, name, copied in self._per_world:
+            rows = getattr(owner, name).numpy().reshape(n, -1)  # Newton may have replaced the array
+            if initial:
+                _assign(c_owner(self.mj_model), name, rows[0])
+                changed = np.flatnonzero((rows != rows[0]).any(axis=1))
+            else:
+                changed = np.flatnonzero((rows != copied).any(axis=1))
+            for world in changed:
+                if self.models[world] is self.mj_model:
+                    self.models[world] = copy.copy(self.mj_model)
+                    self._model_ptrs[world] = self.models[world]._address
+                _assign(c_owner(self.models[world]), name, rows[world])
+            copied[changed] = rows[changed]
+            edited.update(int(world) for world in changed)
+        for model in [self.mj_model] if initial else []:
+            _inertial_frames_in_use(model)
+        for world in edited:
+            _inertial_frames_in_use(self.models[world])
+
+    def publish(self, changed: set[str]) -> None:
+        super().publish(changed)  # MuJoCo Warp's per-world fields from Newton's
+        self._copy_parameters()
+
+    # --- stepping ----------------------------------------------------------------------------
+    def _push(self, state, control) -> None:
+        """Newton's state and control -> MuJoCo Warp's data (SolverMuJoCo.step's own conversions,
+        private names)."""
+        s = self.solver
+        s._apply_mjc_control(self.sim.model, state, control, s.mjw_data)
+        s._update_mjc_data(s.mjw_data, self.sim.model, state)
+
+    def _pull(self, state) -> None:
+        """MuJoCo Warp's data -> Newton's state, body poses and velocities included."""
+        self.solver._update_newton_state(self.sim.model, state, self.solver.mjw_data, state_prev=state)
+
+    def step(self, state, control, dt: float, steps: int = 1) -> None:
+        if self._graphs is None:  # the conversions' launches recorded once: replays skip Warp's Python
+            self._graphs = (_record(self.sim.device, self._push, state, control), _record(self.sim.device, self._pull, state))
+        push, pull = self._graphs
+        wp.capture_launch(push)
+        x, d, c = self.states, self._d, self.columns
+        for name in ("qpos", "qvel", "act", "ctrl", "qfrc_applied", "xfrc_applied"):
+            x[:, c[name]] = d[name]
+        warnings = self._warning_count()
+        for done in self._pool.map(self._step_worlds, self._shares, [steps] * len(self._shares)):
+            pass  # re-raises a thread's exception
+        self._overflows += self._warning_count() - warnings
+        for name in ("qpos", "qvel", "act"):
+            d[name][:] = x[:, c[name]]
+        wp.capture_launch(pull)
+
+    def _step_worlds(self, share, steps: int) -> None:
+        """One thread's worlds, each ``steps`` physics steps from its row of :attr:`states`."""
+        data, worlds = share
+        set_state, get_state, mj_step, copy_bytes = self._lib
+        spec, model_ptrs = self._spec, self._model_ptrs
+        d = data._address
+        row, row_bytes = self.states.ctypes.data, self.states.strides[0]
+        out, out_bytes = self.sensors.ctypes.data, self.sensors.strides[0]
+        sensordata, nbytes = data.sensordata.ctypes.data, self.sensors.shape[1] * 8
+        for world in worlds:
+            m, state = model_ptrs[world], row + world * row_bytes
+            set_state(m, d, state, spec)
+            for _ in range(steps):
+                mj_step(m, d)
+            get_state(m, d, state, spec)
+            copy_bytes(out + world * out_bytes, sensordata, nbytes)
+
+    def _warning_count(self) -> int:
+        return sum(int(data.warning[w].number) for data in self._datas for w in self._full)
+
+    def finish_control_step(self, state) -> None:
+        self.limits.zero_()
+        self.limits.numpy()[3] = self._overflows
+        self._overflows = 0
+
+    def reset(self, state, world_mask) -> None:
+        """The reset worlds' warm start forgotten: their next step starts from MuJoCo's own guess."""
+        self.states[world_mask.numpy()[: self.sim.num_envs], self.columns["warmstart"]] = 0.0
+
+    def sense_contacts(self, out: wp.array) -> None:
+        forces = out.numpy().reshape(self.sim.num_envs, -1, 3)
+        forces[:] = 0.0
+        # The sensor reports the force its body exerts on the others: the body feels the opposite.
+        forces[:, self._sensor_slot] = -self.sensors.reshape(self.sim.num_envs, -1, 3)
+
+
+def _mujoco_library(mujoco) -> tuple:
+    """``mj_setState``, ``mj_getState`` and ``mj_step`` of the library the ``mujoco`` package
+    wraps, and ``memmove``, as ctypes functions taking raw addresses (``MjModel._address``)."""
+    folder = Path(mujoco.__file__).parent
+    lib = ctypes.CDLL(str(next(path for pattern in ("libmujoco.so*", "libmujoco*.dylib", "mujoco.dll")
+                               for path in folder.glob(pattern))))
+    pointer, spec = ctypes.c_void_p, ctypes.c_int
+    lib.mj_setState.argtypes = lib.mj_getState.argtypes = [pointer, pointer, pointer, spec]
+    lib.mj_step.argtypes = [pointer, pointer]
+    for function in (lib.mj_setState, lib.mj_getState, lib.mj_step):
+        function.restype = None
+    return lib.mj_setState, lib.mj_getState, lib.mj_step, ctypes.memmove
+
+
+def _record(device: str, function, *args):
+    """``function(*args)`` run once (Warp loads its kernels), then recorded as a Warp graph."""
+    function(*args)
+    with wp.ScopedCapture(device=device) as capture:
+        function(*args)
+    return capture.graph
+
+
+@contextlib.contextmanager
+def _compiled_specs(mujoco):
+    """Every (MjSpec, MjModel) compiled inside: SolverMuJoCo keeps the MjModel, not the MjSpec it
+    built, and the C backend recompiles that spec with contact sensors."""
+    compiled, compile_ = [], mujoco.MjSpec.compile
+
+    def keep(spec, *args, **kwargs):
+        model = compile_(spec, *args, **kwargs)
+        compiled.append((spec, model))
+        return model
+
+    mujoco.MjSpec.compile = keep
+    try:
+        yield compiled
+    finally:
+        mujoco.MjSpec.compile = compile_
+
+
+def _with_contact_sensors(mujoco, spec, template):
+    """``spec`` compiled again with a contact sensor on every body (net force of the body's
+    contacts, world frame), then given every field of ``template`` (what SolverMuJoCo set after
+    compiling) except the sensors'."""
+    for body in spec.bodies[1:]:  # [0] is the world
+        spec.add_sensor(type=mujoco.mjtSensor.mjSENS_CONTACT, objtype=mujoco.mjtObj.mjOBJ_BODY, objname=body.name,
+                        intprm=[2, 3, 1])  # data="force", reduce="netforce", num=1
+    model = spec.compile()
+    for name in dir(template):
+        if name.startswith(("_", "sensor", "name")):
+            continue
+        value = getattr(template, name)
+        if isinstance(value, np.ndarray) and value.shape == getattr(model, name).shape:
+            getattr(model, name)[...] = value
+    for name in dir(template.opt):
+        if not name.startswith("_"):
+            value = getattr(template.opt, name)
+            if isinstance(value, np.ndarray):
+                getattr(model.opt, name)[...] = value
+            elif isinstance(value, (int, float)):
+                setattr(model.opt, name, value)
+    return model
+
+
+def _inertial_frames_in_use(model) -> None:
+    """MuJoCo's compiler marks a body whose centre of mass and principal axes coincide with its own
+    frame (``body_sameframe``), and from then on ignores its ``body_ipos`` and ``body_iquat``.
+    Newton's values (its principal axes, a randomized centre of mass) make them differ: such a
+    body's inertial frame is computed in full (mjSAMEFRAME_NONE)."""
+    same = (model.body_ipos == 0).all(axis=1) & (model.body_iquat == (1.0, 0.0, 0.0, 0.0)).all(axis=1)
+    model.body_sameframe[~same] = 0
+
+
+def _assign(owner, name: str, values: np.ndarray) -> None:
+    current = getattr(owner, name)
+    if isinstance(current, np.ndarray):
+        current.reshape(-1)[:] = values
+    else:
+        setattr(owner, name, type(current)(values[0]))
+
+
 SOLVERS = {"mujoco": MuJoCo, "xpbd": XPBD}
+BACKENDS = ("auto", "warp", "c")
+
+
+def adapter(solver: str, backend: str, device: str):
+    """The solver adapter for ``sim.solver`` and ``sim.backend``: ``auto`` is MuJoCo's C library on
+    a CPU (several times MuJoCo Warp's speed there, BENCHMARKS.md) and MuJoCo Warp elsewhere."""
+    if solver not in SOLVERS:
+        raise ValueError(f"Unknown solver '{solver}'; choose one of {sorted(SOLVERS)} (configs/sim/).")
+    if backend not in BACKENDS:
+        raise ValueError(f"Unknown sim.backend '{backend}'; choose one of {list(BACKENDS)}.")
+    if backend == "auto":
+        backend = "c" if solver == "mujoco" and str(device).startswith("cpu") else "warp"
+    if backend == "c" and solver != "mujoco":
+        raise ValueError(f"sim.backend=c is MuJoCo's C library: it steps sim=mujoco only (got sim={solver}); "
+                         "use sim.backend=warp or auto.")
+    if backend == "c" and not str(device).startswith("cpu"):
+        raise ValueError(f"sim.backend=c steps MuJoCo's C library on the CPU; on {device} use sim.backend=warp "
+                         "(or auto).")
+    return MuJoCoC if backend == "c" else SOLVERS[solver]
 
 
 def _flags(newton, changed: set[str]) -> int:

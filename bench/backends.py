@@ -1,0 +1,126 @@
+"""MuJoCo's physics on this CPU three ways, per robot, in one run: MuJoCo Warp (``sim.backend=warp``,
+Warp runs each kernel on one thread), MuJoCo's C library through legion-rl (``sim.backend=c``:
+``mujoco.rollout`` on every core, with Newton's conversions around it), and raw ``mujoco.rollout``
+on the same MjModels and states with nothing around it (the limit of this machine for MuJoCo).
+
+Per robot (the authored quadruped, the Go2, the G1, the arm) and num_envs: env-steps/s of
+LegionEnv.step with random actions, the physics world-steps/s timed inside those env steps
+(NewtonSim.step), the env's overhead (env time over physics time), and for the C backend its
+physics as a share of raw rollout's (goal >= 0.80) and its env step over its physics (goal <= 1.3).
+The backends and the raw rollout take turns, ``--chunk`` control steps at a time, so a busy
+machine slows them alike.
+
+    python bench/backends.py [--num-envs 256 1024] [--steps 40] [--robots quadruped go2 g1 arm]
+"""
+
+import argparse
+import time
+
+import numpy as np
+from common import compose, make_env, print_table, torch, write_json
+
+ROBOTS = {  # name: the task and overrides that train it
+    "quadruped": ("quadruped_flat",),
+    "go2": ("quadruped_flat", "robot=go2"),
+    "g1": ("biped_flat", "robot=g1"),
+    "arm": ("arm_reach",),
+}
+
+
+class Timed:
+    """An env whose NewtonSim.step is timed inside its env steps."""
+
+    def __init__(self, robot: str, num_envs: int, backend: str):
+        task, *overrides = ROBOTS[robot]
+        self.env = make_env(compose(f"task={task}", *overrides, f"sim.num_envs={num_envs}", "device=cpu",
+                                    f"sim.backend={backend}"))
+        self.env_s = self.physics_s = 0.0
+        step = self.env.sim.step
+
+        def timed():
+            t = time.perf_counter()
+            step()
+            self.physics_s += time.perf_counter() - t
+
+        self.env.sim.step = timed
+
+    def run(self, actions: torch.Tensor) -> None:
+        t = time.perf_counter()
+        for action in actions:
+            self.env.step(action)
+        self.env_s += time.perf_counter() - t
+
+
+class RawRollout:
+    """``mujoco.rollout`` alone on the C backend's MjModels, from its worlds' current states,
+    warm starts and controls: each call steps every world one control step."""
+
+    def __init__(self, c_env):
+        from mujoco import rollout
+
+        self.solver = c_env.sim.solver
+        self.pool = rollout.Rollout(nthread=len(self.solver._datas))
+        self.seconds = 0.0
+
+    def run(self, control_steps: int) -> None:
+        import mujoco
+
+        s, steps = self.solver, self.solver.sim.decimation
+        x, c = s.states, s.columns
+        physics = [c[k] for k in ("time", "qpos", "qvel", "act", "history", "plugin") if k in c]
+        initial = np.concatenate([x[:, k] for k in physics], axis=1)
+        control = np.repeat(np.concatenate([x[:, c[k]] for k in ("ctrl", "qfrc_applied", "xfrc_applied")],
+                                           axis=1)[:, None], steps, axis=1)
+        spec = int(mujoco.mjtState.mjSTATE_CTRL | mujoco.mjtState.mjSTATE_QFRC_APPLIED
+                   | mujoco.mjtState.mjSTATE_XFRC_APPLIED)
+        warmstart = x[:, c["warmstart"]].copy()
+        states = np.zeros((len(x), steps, initial.shape[1]))
+        t = time.perf_counter()
+        for _ in range(control_steps):
+            self.pool.rollout(s.models, s._datas, initial, control, control_spec=spec, nstep=steps,
+                              initial_warmstart=warmstart, state=states, skip_checks=True)
+        self.seconds += time.perf_counter() - t
+
+
+def measure(robot: str, num_envs: int, steps: int, chunk: int) -> dict:
+    envs = {backend: Timed(robot, num_envs, backend) for backend in ("warp", "c")}
+    num_actions = envs["c"].env.num_actions
+    actions = torch.randn(steps + 5, num_envs, num_actions, generator=torch.Generator().manual_seed(0)).clamp(-2, 2)
+    for timed in envs.values():
+        timed.run(actions[:5])  # warm up (the C backend's buffers, Warp's graph)
+        timed.env_s = timed.physics_s = 0.0
+    raw = RawRollout(envs["c"].env)
+    for start in range(5, steps + 5, chunk):
+        for timed in envs.values():
+            timed.run(actions[start:start + chunk])
+        raw.run(min(chunk, steps + 5 - start))
+    decimation = envs["c"].env.sim.decimation
+    row = {"robot": robot, "num_envs": num_envs}
+    for backend, timed in envs.items():
+        row[f"{backend} env-steps/s"] = steps * num_envs / timed.env_s
+        row[f"{backend} physics world-steps/s"] = steps * num_envs * decimation / timed.physics_s
+    row["raw rollout world-steps/s"] = steps * num_envs * decimation / raw.seconds
+    row["c / warp (env)"] = envs["warp"].env_s / envs["c"].env_s
+    row["c physics / raw"] = raw.seconds / envs["c"].physics_s
+    row["c env / physics"] = envs["c"].env_s / envs["c"].physics_s
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-envs", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--steps", type=int, default=40, help="control steps per measurement")
+    parser.add_argument("--chunk", type=int, default=10, help="control steps per turn")
+    parser.add_argument("--robots", nargs="+", default=list(ROBOTS), choices=list(ROBOTS))
+    args = parser.parse_args()
+    rows = []
+    for robot in args.robots:
+        for n in args.num_envs:
+            rows.append(measure(robot, n, args.steps, args.chunk))
+            print(rows[-1], flush=True)
+    print_table(rows)
+    print(f"wrote {write_json('backends', rows, steps=args.steps, command='python bench/backends.py')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""sim.backend: MuJoCo's C library on every CPU core (``c``) simulates what MuJoCo Warp (``warp``)
+does, keeps every world to itself, and takes per-world parameters; bad choices are named.
+
+Exact replay on the C backend: tests/test_trajectories.py records and replays on the default
+backend, which is ``c`` on a CPU."""
+
+import pytest
+import torch
+
+from legion.configs.schema import Robot, Scene
+from legion.tasks.sim import NewtonSim
+
+QUAD = dict(scene="quadruped.xml", dt=0.005, decimation=4)
+STAND_POSE = torch.tensor([0.1, 0.8, -1.5, -0.1, 0.8, -1.5, 0.1, 1.0, -1.5, -0.1, 1.0, -1.5])
+MASS = 22.472  # kg, tasks/assets/quadruped.xml
+
+
+def stand(sim: NewtonSim, steps: int, height: float = 0.33) -> None:
+    """Every world dropped in the standing pose from ``height``, then held there ``steps`` control steps."""
+    robot = sim.robot
+    robot.root_pose_w[:] = torch.tensor([0.0, 0.0, height, 0.0, 0.0, 0.0, 1.0])
+    robot.root_vel_w[:] = 0.0
+    robot.joint_pos[:] = STAND_POSE
+    robot.joint_vel[:] = 0.0
+    sim.reset(torch.arange(sim.num_envs))
+    robot.joint_pos_target[:] = STAND_POSE
+    for _ in range(steps):
+        sim.step()
+
+
+def feet_force(sim: NewtonSim) -> torch.Tensor:
+    """(num_envs, 4, 3) [N]: the contact force on each foot."""
+    robot = sim.robot
+    feet = [i for i, name in enumerate(robot.body_names) if name.endswith("_foot")]
+    return robot.contact_forces_w[:, feet]
+
+
+def test_auto_is_c_on_a_cpu_and_bad_choices_are_named():
+    assert NewtonSim(num_envs=1, **QUAD).backend == "c"
+    assert NewtonSim(num_envs=1, backend="warp", **QUAD).backend == "warp"
+    pole = Scene(robot=Robot(file="cartpole.xml"), ground=None, contact_sensing=False)
+    assert NewtonSim(pole, num_envs=1, dt=0.005, decimation=1, solver="xpbd").backend == "warp"
+    with pytest.raises(ValueError, match="sim.backend=c is MuJoCo's C library: it steps sim=mujoco only"):
+        NewtonSim(pole, num_envs=1, dt=0.005, decimation=1, solver="xpbd", backend="c")
+    with pytest.raises(ValueError, match=r"Unknown sim.backend 'gpu'; choose one of \['auto', 'warp', 'c'\]"):
+        NewtonSim(num_envs=1, backend="gpu", **QUAD)
+    with pytest.raises(ValueError, match="on cuda:0 use sim.backend=warp"):
+        NewtonSim(num_envs=1, backend="c", device="cuda:0", **QUAD)
+
+
+def test_a_standing_quadruped_is_the_same_on_both_backends():
+    """Dropped 3 cm onto its feet and held for 1 s: the same height, pose and foot forces (the
+    backends differ in float precision and warm start only)."""
+    sims = {backend: NewtonSim(num_envs=2, backend=backend, **QUAD) for backend in ("warp", "c")}
+    for sim in sims.values():
+        stand(sim, steps=50)
+    warp, c = sims["warp"].robot, sims["c"].robot
+    assert c.root_pos_w[:, 2].tolist() == pytest.approx(warp.root_pos_w[:, 2].tolist(), abs=1e-3)
+    assert torch.allclose(c.joint_pos, warp.joint_pos, atol=0.01)
+    assert c.root_lin_vel_w.abs().max() < 0.03  # settled
+    for sim in sims.values():  # the feet carry the robot's weight, nothing else touches
+        forces = feet_force(sim)
+        assert forces[..., 2].sum(dim=1).tolist() == pytest.approx([MASS * 9.81] * 2, rel=0.02)
+        assert torch.allclose(sim.robot.contact_forces_w.sum(dim=1), forces.sum(dim=1))
+    assert torch.allclose(feet_force(sims["c"]), feet_force(sims["warp"]), rtol=0.1, atol=3.0)
+
+
+def test_worlds_are_independent_on_the_c_backend():
+    """One thread steps many worlds with one MjData: a world's future must depend on its own
+    history only (warm start included), or exact replay would depend on the thread schedule.
+    World 0 is dropped from 0.6 m in one sim only; the other worlds stay equal bit for bit."""
+    targets = STAND_POSE + 0.3 * torch.randn(30, 4, 12, generator=torch.Generator().manual_seed(0))
+    sims = [NewtonSim(num_envs=4, backend="c", **QUAD) for _ in range(2)]
+    for sim in sims:
+        stand(sim, steps=5)
+    dropped = sims[1].robot
+    dropped.root_pos_w[0, 2] = 0.6
+    sims[1].reset(torch.tensor([0]))
+    for sim in sims:
+        for target in targets:
+            sim.robot.joint_pos_target[:] = target
+            sim.step()
+    same, other = sims
+    assert not torch.equal(same.joint_q[0], other.joint_q[0])
+    assert torch.equal(same.joint_q[1:], other.joint_q[1:])
+    assert torch.equal(same.joint_qd[1:], other.joint_qd[1:])
+    assert torch.equal(same.contact_forces[1:], other.contact_forces[1:])
+    assert same.joint_qd.abs().max() > 0.1  # they really moved
+
+
+def test_per_world_parameters_reach_the_c_model():
+    """5 kg more on world 1's base, world 2 on the Moon, world 3's base centre of mass 8 cm
+    forward: each world's feet carry its own weight, world 3's front feet more of it (MuJoCo
+    ignores a body's centre of mass where its compiler found it at the body's origin, unless
+    told otherwise); worlds without parameters of their own keep sharing one MjModel."""
+    sim = NewtonSim(num_envs=4, backend="c", **QUAD)
+    sim.robot.body_mass[1, 0] += 5.0
+    sim.gravity[2] = torch.tensor([0.0, 0.0, -1.62])
+    sim.robot.body_com[3, 0, 0] += 0.08
+    sim.params_changed("body_mass", "gravity", "body_com")
+    stand(sim, steps=50)
+    forces = feet_force(sim)[..., 2]
+    weight = forces.sum(dim=1)
+    assert weight.tolist() == pytest.approx([MASS * 9.81, (MASS + 5.0) * 9.81, MASS * 1.62, MASS * 9.81], rel=0.02)
+    front = forces[:, :2].sum(dim=1) / weight  # FL, FR: the front feet's share
+    assert front[3] > front[0] + 0.1
+    models = sim.solver.models
+    assert models[0] is sim.solver.mj_model and all(model is not models[0] for model in models[1:])
