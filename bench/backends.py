@@ -17,6 +17,7 @@ import argparse
 import time
 
 import numpy as np
+
 from common import compose, make_env, print_table, torch, write_json
 
 ROBOTS = {  # name: the task and overrides that train it

@@ -19,6 +19,7 @@ The run itself (config, checkpoints, TensorBoard) goes to runs/<task>/<date>_lea
     python bench/learning.py --task arm_reach --minutes 30 --eval-every 5
     python bench/learning.py --task biped_flat --minutes 2 --eval-every 1 sim.num_envs=256   # a quick check
     python bench/learning.py --task quadruped_flat --minutes 45 --eval-every 9 robot=go2   # learning_quadruped_flat_go2
+    python bench/learning.py --task quadruped_flat --minutes 20 --eval-every 2 --num-envs 1024 sim.backend=warp
     python bench/learning.py --task arm_lift --minutes 60 --eval-every 15 --episodes 100 --resume   # 60 min more
 
 ``--resume`` continues the run that bench/results/learning_<task>.json records, with that run's
@@ -146,8 +147,9 @@ def main():
         rest = [a for i, a in enumerate(sys.argv[1:]) if not a.startswith("--nproc") and sys.argv[i] != "--nproc"]
         os.execvp(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                    f"--nproc_per_node={args.nproc}", __file__, *rest])
-    robot = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("robot=")), None)
-    name = f"learning_{args.task}" + (f"_{robot}" if robot else "")  # robot=go2: a record of its own
+    # robot=go2 or sim.backend=warp: a record of its own (learning_quadruped_flat_go2, ..._warp)
+    name = f"learning_{args.task}" + "".join(f"_{o.split('=', 1)[1]}" for o in args.overrides
+                                              if o.startswith(("robot=", "sim.backend=")))
     record = ROOT / "bench" / "results" / f"{name}.json"
     if args.resume:
         if not record.is_file():

@@ -280,6 +280,9 @@ class Sim:
     # every CPU core, device=cpu only: several times faster there, BENCHMARKS.md) | auto (c on a
     # CPU, warp on CUDA).
     backend: str = "auto"
+    # backend=c: the physics threads (0: one per core, one fewer under agent.mode=async, whose
+    # learner computes beside the physics on the core left to it: BENCHMARKS.md, physics backends).
+    threads: int = 0
     num_envs: int = 4096
     dt: float = 0.005  # physics step [s]
     decimation: int = 4  # physics steps per control step

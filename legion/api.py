@@ -10,6 +10,7 @@ problem and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -108,7 +109,10 @@ def make_env(cfg: schema.Train) -> LegionEnv:
     """The task's env from a composed config."""
     from legion.tasks.env import LegionEnv
 
-    return LegionEnv(cfg.task, cfg.sim, device=cfg.device, seed=cfg.seed)
+    sim = cfg.sim
+    if sim.threads == 0 and cfg.agent.mode == "async":  # the learner computes beside the physics
+        sim = dataclasses.replace(sim, threads=max(1, len(os.sched_getaffinity(0)) - 1))
+    return LegionEnv(cfg.task, sim, device=cfg.device, seed=cfg.seed)
 
 
 def make_runner(env: LegionEnv, agent: schema.Agent, log_dir: str | Path | None = None, device: str = "cpu",

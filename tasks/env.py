@@ -72,7 +72,7 @@ class LegionEnv(VecEnv):
         self.num_envs = sim.num_envs
         self.sim = NewtonSim(task.scene, num_envs=sim.num_envs, dt=sim.dt, decimation=sim.decimation, device=device,
                              solver=sim.solver, solver_options=sim.solver_options, use_graph=sim.use_graph,
-                             backend=sim.backend)
+                             backend=sim.backend, threads=sim.threads)
         self.scene, self.robot = self.sim.scene, self.sim.robot
         self.step_dt = self.sim.control_dt
         self.max_episode_length = math.ceil(task.episode_length_s / self.step_dt)

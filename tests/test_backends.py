@@ -106,3 +106,22 @@ def test_per_world_parameters_reach_the_c_model():
     assert front[3] > front[0] + 0.1
     models = sim.solver.models
     assert models[0] is sim.solver.mj_model and all(model is not models[0] for model in models[1:])
+
+
+def test_async_training_leaves_a_core_to_the_learner():
+    """Under agent.mode=async the learner computes beside the physics: the C backend takes one
+    core fewer (sim.threads=0); a number given is taken as it is."""
+    import os
+
+    from conftest import compose
+    from legion import api
+
+    def threads(*overrides: str) -> int:
+        env = api.make_env(compose("task=cartpole", "sim.num_envs=2", *overrides))
+        assert len(env.sim.solver._shares) == env.sim.threads  # one MjData and share of the worlds each
+        return env.sim.threads
+
+    cores = len(os.sched_getaffinity(0))
+    assert threads("agent.mode=sync") == cores
+    assert threads("agent.mode=async") == max(1, cores - 1)
+    assert threads("agent.mode=async", "sim.threads=3") == 3

@@ -127,7 +127,8 @@ SHORT_TRAININGS = {
 }
 
 
-def test_a_motor_delay_holds_the_old_target_for_its_physics_steps_and_a_reset_forgets_it(tmp_path):
+@pytest.mark.parametrize("backend", ["c", "warp"])
+def test_a_motor_delay_holds_the_old_target_for_its_physics_steps_and_a_reset_forgets_it(tmp_path, backend):
     """delay=5: a new target reaches the motor 5 physics steps late, across control steps of 3
     physics steps (an odd count: the captured graph must end on the history it began with, else
     each control step loses a step of history); a reset world drops its history and acts on the
@@ -137,7 +138,7 @@ def test_a_motor_delay_holds_the_old_target_for_its_physics_steps_and_a_reset_fo
                      saturation_effort=10.0, velocity_limit=5.0, delay=5)
     scene = Scene(robot=Robot(file=str(tmp_path / "flywheel.xml"), actuators={"wheel": motor}), ground=None,
                   contact_sensing=False)
-    sim = NewtonSim(scene, num_envs=2, dt=0.002, decimation=3)
+    sim = NewtonSim(scene, num_envs=2, dt=0.002, decimation=3, backend=backend)
     for _ in range(3):
         sim.step()
     assert sim.motor_torque.abs().max() == 0.0  # at rest on target 0

@@ -8,7 +8,8 @@ touch a Newton object, so a second backend can serve the same tasks by providing
 
 Modules: :mod:`.scene` (building one world, the entity views), :mod:`.simulation` (the replicated
 worlds, the captured step, resets, parameter publishing), :mod:`.terrain` (generated terrain:
-heights, tiles, lookup), :mod:`.solver` (what differs between SolverMuJoCo and XPBD; the one user
+heights, tiles, lookup), :mod:`.solver` (what differs between SolverMuJoCo and XPBD, and
+between MuJoCo Warp and MuJoCo's C library stepping SolverMuJoCo (``sim.backend``); the one user
 of Newton's and MuJoCo Warp's private names).
 
 Conventions: every view is a float32 torch tensor on ``device`` sharing memory with Newton,
@@ -60,7 +61,8 @@ worlds in which the solver stopped short: ``limit`` (either of the next two), ``
 (a linesearch ran ``ls_iterations`` without converging), ``iteration_limit`` (the solver ran
 ``iterations``), ``overflow`` (contacts or constraint rows beyond MuJoCo's capacity were dropped).
 Each :meth:`NewtonSim.step` overwrites them on the device, inside the captured graph: no host sync;
-read them after a step. MuJoCo Warp's own prints of these events are off. XPBD counts nothing (zeros).
+read them after a step. MuJoCo Warp's own prints of these events are off. MuJoCo's C library
+(``backend="c"``) counts only ``overflow`` (its arena ran out); XPBD counts nothing (zeros).
 
 Protocols: after writing parameters, name them with :meth:`NewtonSim.params_changed`; the next
 :meth:`NewtonSim.step` hands them to the solver (no rebuild, no recompile; the captured graph

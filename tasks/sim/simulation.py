@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import threading
 
 import torch
@@ -55,6 +56,7 @@ class NewtonSim:
         solver_options: keyword arguments of the solver's constructor.
         backend: where MuJoCo's physics runs: ``"warp"`` (MuJoCo Warp, any device), ``"c"``
             (MuJoCo's C library on every CPU core; CPU only) or ``"auto"`` (``c`` on a CPU).
+        threads: the C backend's physics threads (0: one per core).
         contact_gap: collision detection gap [m]; Newton's 0.1 m default made ~30x more contacts
             than needed (PLATFORM.md).
         use_graph: capture the decimated step as one Warp graph (CPU and CUDA; the C backend's
@@ -72,7 +74,7 @@ class NewtonSim:
     @_one_thread_at_a_time
     def __init__(self, scene: Scene | str, num_envs: int, dt: float, decimation: int, device: str = "cpu",
                  solver: str = "mujoco", solver_options: dict | None = None, contact_gap: float = 0.0,
-                 use_graph: bool = True, backend: str = "auto"):
+                 use_graph: bool = True, backend: str = "auto", threads: int = 0):
         import newton  # imported here so that `import legion.tasks.sim` stays cheap
 
         if isinstance(scene, str):
@@ -85,6 +87,7 @@ class NewtonSim:
                              "task.scene.contact_sensing=false and remove the task's contact terms "
                              "(feet_air_time, undesired_contacts, illegal_contact).")
         self.num_envs, self.dt, self.decimation, self.device = num_envs, dt, decimation, device
+        self.threads = threads or len(os.sched_getaffinity(0))
         self.physics_dt, self.control_dt = dt, dt * decimation
         self.solver_name, self.backend = solver, solver_adapter.backend
         self.senses_contacts = scene.contact_sensing
@@ -272,30 +275,30 @@ class NewtonSim:
 
     # ------------------------------------------------------------------------------------
     def _simulate(self) -> None:
-        if self.motors is None:  # one call: the C backend steps a whole control step at once
+        motors, joint_f = self.motors, _allocated(self.control.joint_f)
+        if motors is None:  # one call for the control step: the C backend steps it in one go
             self.solver.step(self.state, self.control, self.dt, self.decimation)
         else:
-            self._simulate_motors()
+            wp.copy(self._feedforward, joint_f)
+            self._motor_history = tuple(self._motor_states or (None, None))
+            self.solver.step(self.state, self.control, self.dt, self.decimation, before_each_step=self._motor_step)
+            wp.copy(joint_f, self._feedforward)
+            if self._motor_states is not None and self.decimation % 2:  # a graph replays the same buffers:
+                self._motor_states[0].assign(self._motor_states[1])   # end where it began
         self.solver.finish_control_step(self.state)
         if self.senses_contacts:
             self.solver.sense_contacts(self._contact_out)
 
-    def _simulate_motors(self) -> None:
-        """The control step one physics step at a time, the motors' torques from each step's state."""
-        motors, joint_f = self.motors, _allocated(self.control.joint_f)
-        assert motors is not None
-        wp.copy(self._feedforward, joint_f)
-        history = self._motor_states
-        current, following = history or (None, None)
-        for _ in range(self.decimation):
-            wp.copy(joint_f, self._feedforward)
-            motors.step(*self._motor_inputs, current, following, dt=self.dt)
-            current, following = following, current
-            wp.copy(self._motor_f, joint_f)
-            self.solver.step(self.state, self.control, self.dt)
+    def _motor_step(self) -> None:
+        """Before each physics step: the motors' torques from the state of now, added to the env's
+        feed-forward efforts."""
+        joint_f = _allocated(self.control.joint_f)
         wp.copy(joint_f, self._feedforward)
-        if history is not None and self.decimation % 2:  # a graph replays the same buffers: end where it began
-            history[0].assign(history[1])
+        current, following = self._motor_history
+        assert self.motors is not None
+        self.motors.step(*self._motor_inputs, current, following, dt=self.dt)
+        self._motor_history = (following, current)
+        wp.copy(self._motor_f, joint_f)
 
     @_one_thread_at_a_time
     def step(self) -> None:

@@ -18,8 +18,8 @@ import contextlib
 import copy
 import ctypes
 import dataclasses
+import functools
 import math
-import os
 from pathlib import Path
 
 import mujoco_warp as mjw
@@ -194,9 +194,12 @@ class MuJoCo:
         slots = np.where(geom_body > 0, mjc_body_to_newton[geom_body], -1).astype(np.int32)
         self._geom_slot = wp.array(slots, dtype=int, device=sim.device)
 
-    def step(self, state, control, dt: float, steps: int = 1) -> None:
-        """``steps`` physics steps of ``dt`` with the same control."""
+    def step(self, state, control, dt: float, steps: int = 1, before_each_step=None) -> None:
+        """``steps`` physics steps of ``dt``; ``before_each_step()``, if given, may write the
+        control from the state before each (an actuator model)."""
         for _ in range(steps):
+            if before_each_step is not None:
+                before_each_step()
             # Stepping one State in place keeps every torch view valid (MuJoCo reads state_in
             # before it writes state_out).
             self.solver.step(state, state, control, None, dt)
@@ -273,8 +276,10 @@ class XPBD:
         self._state_next = sim.model.state()
         self.limits = wp.zeros(len(SOLVER_LIMITS), dtype=int, device=sim.device)  # XPBD has none: zeros
 
-    def step(self, state, control, dt: float, steps: int = 1) -> None:
+    def step(self, state, control, dt: float, steps: int = 1, before_each_step=None) -> None:
         for _ in range(steps):
+            if before_each_step is not None:
+                before_each_step()
             # XPBD needs distinct in/out states; the result is copied back so the views stay valid.
             self.collision.collide(state, self.contacts)
             self.solver.step(state, self._state_next, control, self.contacts, dt)
@@ -333,7 +338,6 @@ class MuJoCoC(MuJoCo):
     def __init__(self, sim, options: dict):
         import mujoco
 
-        self._mujoco = mujoco
         with _compiled_specs(mujoco) as compiled:
             super().__init__(sim, options)
         template = self.solver.mj_model
@@ -370,7 +374,7 @@ class MuJoCoC(MuJoCo):
                    for name in ("qpos", "qvel", "act", "ctrl", "qfrc_applied", "xfrc_applied")}
         self._graphs = None
 
-        threads = len(os.sched_getaffinity(0))
+        threads = sim.threads
         self._datas = [mujoco.MjData(m) for _ in range(threads)]
         bounds = np.linspace(0, n, threads + 1).astype(int)
         self._shares = [(self._datas[t], range(bounds[t], bounds[t + 1])) for t in range(threads)]
@@ -437,25 +441,70 @@ class MuJoCoC(MuJoCo):
         s._apply_mjc_control(self.sim.model, state, control, s.mjw_data)
         s._update_mjc_data(s.mjw_data, self.sim.model, state)
 
+    def _push_control(self, state, control) -> None:
+        self.solver._apply_mjc_control(self.sim.model, state, control, self.solver.mjw_data)
+
     def _pull(self, state) -> None:
         """MuJoCo Warp's data -> Newton's state, body poses and velocities included."""
         self.solver._update_newton_state(self.sim.model, state, self.solver.mjw_data, state_prev=state)
 
-    def step(self, state, control, dt: float, steps: int = 1) -> None:
+    def _pull_coordinates(self, state) -> None:
+        """MuJoCo Warp's data -> Newton's joint coordinates and velocities only: what an actuator
+        model reads between the physics steps of a control step (:meth:`_pull` less its forward
+        kinematics; the launch is SolverMuJoCo._update_newton_state's)."""
+        from newton._src.solvers.mujoco.kernels import convert_mj_coords_to_warp_kernel
+
+        s, model, d = self.solver, self.sim.model, self.solver.mjw_data
+        mujoco_attrs = getattr(model, "mujoco", None)
+        wp.launch(convert_mj_coords_to_warp_kernel, dim=(d.nworld, model.joint_count // d.nworld),
+                  inputs=[d.qpos, d.qvel, model.joint_count // d.nworld, model.joint_type, model.joint_q_start,
+                          model.joint_qd_start, model.joint_dof_dim, model.joint_child, model.joint_X_p,
+                          model.joint_X_c, model.body_com, getattr(mujoco_attrs, "dof_ref", None),
+                          model.body_flags, state.joint_q, state.joint_qd, s.mj_q_start, s.mj_qd_start],
+                  outputs=[state.joint_q, state.joint_qd], device=model.device)
+
+    def step(self, state, control, dt: float, steps: int = 1, before_each_step=None) -> None:
+        """``steps`` physics steps in C. With ``before_each_step`` (an actuator model writing the
+        control from the state), the worlds come back from C after every physics step for it, their
+        joint coordinates (no forward kinematics) in Newton's state before it runs."""
         if self._graphs is None:  # the conversions' launches recorded once: replays skip Warp's Python
-            self._graphs = (_record(self.sim.device, self._push, state, control), _record(self.sim.device, self._pull, state))
-        push, pull = self._graphs
-        wp.capture_launch(push)
-        x, d, c = self.states, self._d, self.columns
-        for name in ("qpos", "qvel", "act", "ctrl", "qfrc_applied", "xfrc_applied"):
-            x[:, c[name]] = d[name]
+            record = functools.partial(_record, self.sim.device)
+            self._graphs = {"push": record(self._push, state, control), "pull": record(self._pull, state),
+                            "push_control": record(self._push_control, state, control),
+                            "pull_coordinates": record(self._pull_coordinates, state)}
+        graphs = self._graphs
+        if before_each_step is not None:
+            before_each_step()
+        wp.capture_launch(graphs["push"])
+        self._to_rows("qpos", "qvel", "act", "ctrl", "qfrc_applied", "xfrc_applied")
+        if before_each_step is None:
+            self._run(steps)
+        else:
+            self._run(1)
+            for _ in range(steps - 1):
+                self._from_rows("qpos", "qvel", "act")
+                wp.capture_launch(graphs["pull_coordinates"])
+                before_each_step()
+                wp.capture_launch(graphs["push_control"])
+                self._to_rows("ctrl", "qfrc_applied", "xfrc_applied")
+                self._run(1)
+        self._from_rows("qpos", "qvel", "act")
+        wp.capture_launch(graphs["pull"])
+
+    def _run(self, steps: int) -> None:
+        """Every world ``steps`` physics steps in C, one thread per core."""
         warnings = self._warning_count()
-        for done in self._pool.map(self._step_worlds, self._shares, [steps] * len(self._shares)):
+        for _ in self._pool.map(self._step_worlds, self._shares, [steps] * len(self._shares)):
             pass  # re-raises a thread's exception
         self._overflows += self._warning_count() - warnings
-        for name in ("qpos", "qvel", "act"):
-            d[name][:] = x[:, c[name]]
-        wp.capture_launch(pull)
+
+    def _to_rows(self, *names: str) -> None:
+        for name in names:
+            self.states[:, self.columns[name]] = self._d[name]
+
+    def _from_rows(self, *names: str) -> None:
+        for name in names:
+            self._d[name][:] = self.states[:, self.columns[name]]
 
     def _step_worlds(self, share, steps: int) -> None:
         """One thread's worlds, each ``steps`` physics steps from its row of :attr:`states`."""
@@ -507,11 +556,12 @@ def _mujoco_library(mujoco) -> tuple:
     return lib.mj_setState, lib.mj_getState, lib.mj_step, ctypes.memmove
 
 
-def _record(device: str, function, *args):
+def _record(device: str, function, *args) -> wp.Graph:
     """``function(*args)`` run once (Warp loads its kernels), then recorded as a Warp graph."""
     function(*args)
     with wp.ScopedCapture(device=device) as capture:
         function(*args)
+    assert capture.graph is not None  # ScopedCapture has recorded it on leaving
     return capture.graph
 
 
