@@ -6,24 +6,18 @@ backend, which is ``c`` on a CPU."""
 
 import pytest
 import torch
+from test_sim import QUAD, STAND_POSE
+from test_sim import stand as place_standing
 
 from legion.configs.schema import Robot, Scene
 from legion.tasks.sim import NewtonSim
 
-QUAD = dict(scene="quadruped.xml", dt=0.005, decimation=4)
-STAND_POSE = torch.tensor([0.1, 0.8, -1.5, -0.1, 0.8, -1.5, 0.1, 1.0, -1.5, -0.1, 1.0, -1.5])
 MASS = 22.472  # kg, tasks/assets/quadruped.xml
 
 
 def stand(sim: NewtonSim, steps: int, height: float = 0.33) -> None:
     """Every world dropped in the standing pose from ``height``, then held there ``steps`` control steps."""
-    robot = sim.robot
-    robot.root_pose_w[:] = torch.tensor([0.0, 0.0, height, 0.0, 0.0, 0.0, 1.0])
-    robot.root_vel_w[:] = 0.0
-    robot.joint_pos[:] = STAND_POSE
-    robot.joint_vel[:] = 0.0
-    sim.reset(torch.arange(sim.num_envs))
-    robot.joint_pos_target[:] = STAND_POSE
+    place_standing(sim, height)
     for _ in range(steps):
         sim.step()
 
