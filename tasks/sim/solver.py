@@ -3,7 +3,7 @@
 :class:`~legion.tasks.sim.NewtonSim` asks its solver to step the state one physics step, finish a
 control step, forget the history of reset worlds, sense contact forces, and take edited
 per-env parameters; it reads the solver's ``limits`` counters (:data:`SOLVER_LIMITS`).
-:class:`MuJoCo` (SolverMuJoCo on MuJoCo Warp, the default) and :class:`XPBD` answer. This is the
+:class:`MuJoCo` (SolverMuJoCo on MuJoCo Warp, the default on CUDA) and :class:`XPBD` answer. This is the
 only module that uses private names of Newton and MuJoCo Warp, or reaches into MuJoCo Warp's
 model and data behind SolverMuJoCo; each use says why.
 
@@ -424,8 +424,8 @@ class MuJoCoC(MuJoCo):
                 _assign(c_owner(self.models[world]), name, rows[world])
             copied[changed] = rows[changed]
             edited.update(int(world) for world in changed)
-        for model in [self.mj_model] if initial else []:
-            _inertial_frames_in_use(model)
+        if initial:
+            _inertial_frames_in_use(self.mj_model)
         for world in edited:
             _inertial_frames_in_use(self.models[world])
 
