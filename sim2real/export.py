@@ -9,6 +9,9 @@ Writes into ``<run>/exported/`` (or ``out=``):
 - ``policy_fp16.onnx``: float16 weights and arithmetic, float32 inputs and outputs.
 - ``policy.json``: the metadata that is also embedded in each ONNX file's ``metadata_props``
   (one JSON value per key), plus the sha256 of both files and the verification numbers.
+- ``robot.mjb`` (a run simulated with sim.solver=mujoco): the robot and its ground as a plain
+  MuJoCo model, nominal parameters, exactly as trained: what ``legion bridge`` simulates (and
+  what sim2sim runs for a URDF robot). MuJoCo's binary format: the same MuJoCo version loads it.
 
 Verification, at every export (the command fails and writes nothing if any check fails):
 ``onnx.checker`` (full check); onnxruntime against the torch policy on observations drawn from
@@ -366,7 +369,16 @@ def export_run(run: Path, checkpoint=None, out_dir: Path | None = None, steps: i
     metadata = build_metadata(loaded, actor)
     observations = sample_observations(loaded.env, actor, steps)
     out_dir = Path(out_dir) if out_dir else Path(run) / "exported"
-    return out_dir, export_policy(actor, metadata, observations, out_dir)
+    report = export_policy(actor, metadata, observations, out_dir)
+    solver = loaded.env.sim.solver
+    if hasattr(solver, "mujoco_model"):  # the robot as trained, for plain MuJoCo: sim2sim, the DDS bridge
+        import mujoco
+
+        tmp = out_dir / ".robot.mjb.tmp"
+        mujoco.mj_saveModel(solver.mujoco_model(), str(tmp), None)
+        report["robot.mjb"] = {"bytes": tmp.stat().st_size, "mujoco": mujoco.__version__}
+        tmp.replace(out_dir / "robot.mjb")
+    return out_dir, report
 
 
 def summary(run: Path, out_dir: Path, report: dict) -> str:
@@ -379,6 +391,9 @@ def summary(run: Path, out_dir: Path, report: dict) -> str:
                      f"{r['max_abs_diff']:.2e} (limit {r['tolerance']:g}) on {report['observations']} env observations")
     lines.append(f"  operators         {', '.join(report['policy.onnx']['operators'])} "
                  "(all in TensorRT's ONNX parser set)")
+    if "robot.mjb" in report:
+        lines.append(f"  robot.mjb         {report['robot.mjb']['bytes'] / 1e6:6.2f} MB  the robot as trained, in "
+                     f"plain MuJoCo {report['robot.mjb']['mujoco']} (legion bridge, sim2sim)")
     obs = meta["observation"]
     lines.append(f"  policy.json       {len(meta['joint_names'])} joints, obs {obs['size']} = "
                  + " + ".join(f"{t['name']}[{t['size']}]" for t in obs["terms"])

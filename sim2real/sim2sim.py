@@ -94,7 +94,9 @@ class FallDetector:
         import mujoco
 
         self.robot = robot
-        self.body_ids = [mujoco.mj_name2id(robot.model, mujoco.mjtObj.mjOBJ_BODY, b) for b in fall["contact_bodies"]]
+        from legion.sim2real.deploy.mujoco_robot import find_id
+
+        self.body_ids = [find_id(robot.model, mujoco.mjtObj.mjOBJ_BODY, b, "body") for b in fall["contact_bodies"]]
         self.threshold, self.min_height = fall["contact_threshold"], fall["min_base_height"]
 
     def __call__(self, state: dict) -> bool:
@@ -105,16 +107,25 @@ class FallDetector:
         return bool(self.body_ids) and self.robot.body_contact_force(self.body_ids) > self.threshold
 
 
-def run_mujoco(model_path: Path, onnx_path: Path, commands: np.ndarray, steps: int, realtime: bool,
+def trained_mujoco_model(env):
+    """One world of ``env`` as a plain ``mujoco.MjModel`` (the robot and its ground as the MuJoCo
+    solver simulates them); ValueError for another solver."""
+    if not hasattr(env.sim.solver, "mujoco_model"):
+        raise ValueError(f"the run simulates with sim.solver={env.sim.solver.name}: plain MuJoCo needs the robot's "
+                         "MJCF, or a run trained with sim.solver=mujoco (its MuJoCo model).")
+    return env.sim.solver.mujoco_model()
+
+
+def run_mujoco(model, onnx_path: Path, commands: np.ndarray, steps: int, realtime: bool,
                options: dict) -> tuple[list[dict], dict]:
-    """One episode per command on the MuJoCo robot through the edge runtime's control loop;
-    ``options``: MuJoCo solver options (see :class:`MuJoCoRobot`)."""
+    """One episode per command on the MuJoCo robot (``model``: an MJCF path or an MjModel) through
+    the edge runtime's control loop; ``options``: MuJoCo solver options (see :class:`MuJoCoRobot`)."""
     from legion.sim2real.deploy import ControlLoop, PolicyRunner
     from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
 
     runner = PolicyRunner(onnx_path)
     meta = runner.metadata
-    robot = MuJoCoRobot(model_path, meta, floor_friction=meta.get("ground_friction") or 1.0, options=options)
+    robot = MuJoCoRobot(model, meta, floor_friction=meta.get("ground_friction") or 1.0, options=options)
     falls = FallDetector(robot, meta["fall"])
     results, latency, summary = [], [], {}
     for command in commands:
@@ -173,9 +184,8 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
         raise ValueError(f"task {settings.task.name} has no velocity command or no floating base; sim2sim compares "
                          "velocity-tracking (locomotion) policies.")
     model = resolve_asset(settings.task.scene.robot.file)
-    if model.suffix != ".xml":
-        raise ValueError(f"sim2sim runs the robot's own MJCF in plain MuJoCo; {model.name} is not one (a URDF or "
-                         "USD robot, e.g. robot=go2, needs an MJCF with the same joints and actuators first).")
+    if model.suffix != ".xml":  # a URDF or USD robot: MuJoCo as Newton built it (robot.mjb of the export)
+        model = trained_mujoco_model(env)
     options = physics_options(physics, settings.sim)
     if onnx is None:
         out_dir, _ = export_run(run, steps=20, loaded=loaded)

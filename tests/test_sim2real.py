@@ -60,7 +60,7 @@ def nan_output_policy(trained, folder):
 # --- export ------------------------------------------------------------------------------------
 def test_export_verifies_fp32_and_fp16(trained):
     report, out = trained["report"], trained["out"]
-    assert sorted(p.name for p in out.iterdir()) == ["policy.json", "policy.onnx", "policy_fp16.onnx"]
+    assert sorted(p.name for p in out.iterdir()) == ["policy.json", "policy.onnx", "policy_fp16.onnx", "robot.mjb"]
     assert report["policy.onnx"]["max_abs_diff"] <= 1e-5
     assert 0 < report["policy_fp16.onnx"]["max_abs_diff"] <= 1e-2  # fp16 really is half precision
     assert report["observations"] == 40  # 10 policy steps x 4 envs
@@ -73,6 +73,15 @@ def test_export_verifies_fp32_and_fp16(trained):
     assert half.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT  # float32 I/O
     assert half.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     assert {i.data_type for i in half.graph.initializer} == {onnx.TensorProto.FLOAT16}
+    # robot.mjb: the robot as trained in plain MuJoCo, every policy joint in it, at the physics dt
+    import mujoco
+
+    from legion.sim2real.deploy.mujoco_robot import find_id
+
+    robot = mujoco.MjModel.from_binary_path(str(out / "robot.mjb"))
+    meta = json.loads((out / "policy.json").read_text())
+    assert all(find_id(robot, mujoco.mjtObj.mjOBJ_JOINT, n) >= 0 for n in meta["joint_names"])
+    assert robot.opt.timestep == pytest.approx(meta["physics_dt"])
 
 
 def test_onnx_matches_torch_on_env_observations(trained):

@@ -1,10 +1,18 @@
 """A :class:`~legion.sim2real.deploy.loop.RobotInterface` on the plain ``mujoco`` C engine: one robot, on a floor.
 
-Needs ``pip install mujoco`` besides the deploy extra. It loads the robot's own MJCF (the file
-Newton trained on) and adds a floor plane, then mirrors the training setup from the policy
-metadata: physics dt, decimation, PD gains (written into the MJCF position actuators), the
-default pose and base height. Newton ignores MJCF keyframes; so does this class. The solver
-options stay the MJCF's own (MuJoCo's defaults where it sets none) unless ``options`` names them.
+Needs ``pip install mujoco`` besides the deploy extra. It loads the robot either from its own
+MJCF (the file Newton trained on; a floor plane is added) or as Newton simulated it: the
+``robot.mjb`` that ``legion export`` writes, or an ``MjModel`` from the training env
+(``env.sim.solver.mujoco_model()``), which a URDF robot needs (it has no MJCF). It then mirrors
+the training setup from the policy metadata: physics dt, decimation, PD gains, the default pose
+and base height. Newton ignores MJCF keyframes; so does this class. The solver options stay the
+model's own (MuJoCo's defaults where an MJCF sets none) unless ``options`` names them.
+
+Drives: a policy joint with a ``<position>`` actuator is driven through it (the metadata's gains
+written into it). A model whose policy joints have no actuators (Newton's model of a URDF robot:
+its PD law runs outside MuJoCo) gets the PD law explicitly before every physics step,
+:func:`pd_torque`, clipped as the metadata's actuators clip it (effort limit, a DC motor's
+torque-speed line), written into ``qfrc_applied``.
 """
 
 from __future__ import annotations
@@ -13,67 +21,104 @@ from pathlib import Path
 
 import mujoco
 import numpy as np
+from numpy.typing import ArrayLike
+
+
+def pd_torque(q_target, q, dq, kp, kd, effort_limit, saturation=None, velocity_limit=None,
+              dq_target: ArrayLike = 0.0, tau_ff: ArrayLike = 0.0) -> np.ndarray:
+    """Per joint: the torque [N m] of ``kp (q* - q) + kd (dq* - dq) + tau_ff``, clipped to
+    ``effort_limit`` and, where ``saturation`` [N m] and ``velocity_limit`` [rad/s] are given (not
+    NaN), to a DC motor's torque-speed line: Newton's ``ClampingDCMotor`` (what training used),
+    ``max = min(sat (1 - v / v_lim), effort_limit)``, ``min = max(sat (-1 - v / v_lim), -effort_limit)``
+    with v clamped to the line's corner speed."""
+    tau = np.asarray(kp) * (np.asarray(q_target) - q) + np.asarray(kd) * (dq_target - np.asarray(dq)) + tau_ff
+    high, low = np.asarray(effort_limit, np.float64), -np.asarray(effort_limit, np.float64)
+    if saturation is not None:
+        sat, v_lim = np.asarray(saturation, np.float64), np.asarray(velocity_limit, np.float64)
+        motor = np.isfinite(sat) & np.isfinite(v_lim)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            corner = np.where(sat > 0, v_lim * (1.0 + high / sat), v_lim)
+            v = np.clip(dq, -corner, corner)
+            high = np.where(motor, np.minimum(sat * (1.0 - v / v_lim), high), high)
+            low = np.where(motor, np.maximum(sat * (-1.0 - v / v_lim), low), low)
+    return np.clip(tau, low, high)
+
+
+def find_id(model, objtype, name: str, what: str = "joint") -> int:
+    """The id of ``name``, or of the one object whose name ends with ``_name`` or ``/name``
+    (Newton prefixes the names it imports with the model's, e.g. ``go2_description_FL_hip_joint``);
+    -1 if none or several."""
+    exact = mujoco.mj_name2id(model, objtype, name)
+    if exact >= 0:
+        return exact
+    count = {"joint": model.njnt, "body": model.nbody}[what]
+    found = [i for i in range(count) if (mujoco.mj_id2name(model, objtype, i) or "").endswith((f"_{name}", f"/{name}"))]
+    return found[0] if len(found) == 1 else -1
 
 
 class MuJoCoRobot:
-    """One floating-base robot in MuJoCo, driven through position actuators.
+    """One floating-base robot in MuJoCo, driven by joint position targets.
 
     Args:
-        model_path: the robot MJCF (e.g. ``tasks/assets/quadruped.xml``); every policy joint
-            needs a ``<position>`` actuator.
+        source: the robot's MJCF (path; every policy joint needs a ``<position>`` actuator), an
+            ``.mjb`` written by ``legion export`` or a ``mujoco.MjModel`` (Newton's, see the module
+            docstring; these bring their own ground).
         metadata: the exported policy's metadata (``PolicyRunner.metadata``).
-        floor_friction: sliding friction of the floor (MuJoCo takes the max of the two geoms).
+        floor_friction: sliding friction of the floor added to an MJCF.
         options: MuJoCo ``<option>`` values to set, e.g. ``{"integrator": "implicitfast",
             "iterations": 10, "ls_iterations": 10}`` (Newton SolverMuJoCo's defaults are
             implicitfast, pyramidal cone, Newton solver).
     """
 
-    def __init__(self, model_path: str | Path, metadata: dict, floor_friction: float = 1.0,
-                 options: dict | None = None):
-        spec = mujoco.MjSpec.from_file(str(model_path))
-        floor = spec.worldbody.add_geom()
-        floor.name, floor.type, floor.size = "legion_floor", mujoco.mjtGeom.mjGEOM_PLANE, [0.0, 0.0, 1.0]
-        # The robot's geoms have conaffinity 0 (no self-collision): the floor must have 1 to touch them.
-        floor.contype, floor.conaffinity = 1, 1
-        floor.friction = [floor_friction, 0.005, 0.0001]  # Newton's ground: mu, torsional, rolling
-        spec.option.timestep = metadata["physics_dt"]
-        enums = {"integrator": (mujoco.mjtIntegrator, "mjINT_"), "cone": (mujoco.mjtCone, "mjCONE_"),
-                 "solver": (mujoco.mjtSolver, "mjSOL_")}
-        for key, given in (options or {}).items():
-            value = given
-            if key in enums:
-                enum, prefix = enums[key]
-                value = getattr(enum, prefix + str(given).upper(), None)
-                if value is None:
-                    raise ValueError(f"Unknown MuJoCo {key} '{given}'.")
-            if not hasattr(spec.option, key):
-                raise ValueError(f"MuJoCo has no option '{key}' (see mujoco.MjOption).")
-            setattr(spec.option, key, value)
-        self.model = model = spec.compile()
+    def __init__(self, source, metadata: dict, floor_friction: float = 1.0, options: dict | None = None):
+        where = source if isinstance(source, (str, Path)) else "the training model"
+        if isinstance(source, mujoco.MjModel):
+            compiled = source
+        elif Path(source).suffix == ".mjb":
+            compiled = mujoco.MjModel.from_binary_path(str(source))
+        else:
+            spec = mujoco.MjSpec.from_file(str(source))
+            floor = spec.worldbody.add_geom()
+            floor.name, floor.type, floor.size = "legion_floor", mujoco.mjtGeom.mjGEOM_PLANE, [0.0, 0.0, 1.0]
+            # The robot's geoms have conaffinity 0 (no self-collision): the floor must have 1 to touch them.
+            floor.contype, floor.conaffinity = 1, 1
+            floor.friction = [floor_friction, 0.005, 0.0001]  # Newton's ground: mu, torsional, rolling
+            compiled = spec.compile()
+        self.model = model = _with_options(compiled, options)
+        model.opt.timestep = metadata["physics_dt"]
         self.data = mujoco.MjData(model)
         self.decimation = int(metadata["decimation"])
         self.metadata = metadata
 
         names = metadata["joint_names"]
         if model.jnt_type[0] != mujoco.mjtJoint.mjJNT_FREE:
-            raise ValueError(f"{model_path}: MuJoCoRobot needs a floating base (a free joint first).")
-        joint_ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in names]
+            raise ValueError(f"{where}: MuJoCoRobot needs a floating base (a free joint first).")
+        joint_ids = [find_id(model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in names]
         unknown = [n for n, j in zip(names, joint_ids) if j < 0]
         if unknown:
-            raise ValueError(f"{model_path} has no joints {unknown}; the policy was trained on another model.")
+            raise ValueError(f"{where} has no joints {unknown}; the policy was trained on another model.")
         self.qpos_ids = model.jnt_qposadr[joint_ids]
         self.qvel_ids = model.jnt_dofadr[joint_ids]
-        actuator_of = {int(model.actuator_trnid[a, 0]): a for a in range(model.nu)}
-        missing = [n for n, j in zip(names, joint_ids) if j not in actuator_of]
-        if missing:
-            raise ValueError(f"{model_path}: joints {missing} have no actuator; add <position> actuators.")
-        self.actuator_ids = np.array([actuator_of[j] for j in joint_ids])
-        # PD gains from the policy metadata (what Newton trained with): force = kp (q* - q) - kd q'.
         kp = np.asarray(metadata["joint_stiffness"], np.float64)
         kd = np.asarray(metadata["joint_damping"], np.float64)
-        model.actuator_gainprm[self.actuator_ids, 0] = kp
-        model.actuator_biasprm[self.actuator_ids, 1] = -kp
-        model.actuator_biasprm[self.actuator_ids, 2] = -kd
+        actuator_of = {int(model.actuator_trnid[a, 0]): a for a in range(model.nu)}
+        driven = [j in actuator_of for j in joint_ids]
+        self.explicit_pd = not any(driven)
+        if self.explicit_pd:  # the PD law (and the motors' clip) as training ran it, before every step
+            motors = metadata.get("actuators") or [{"model": "implicit"}] * len(names)
+            self.gains = (kp, kd, np.asarray(metadata["effort_limits"], np.float64),
+                          np.array([a.get("saturation_effort") or np.nan for a in motors], np.float64),
+                          np.array([a.get("velocity_limit") or np.nan for a in motors], np.float64))
+        elif not all(driven):
+            missing = [n for n, d in zip(names, driven) if not d]
+            raise ValueError(f"{where}: joints {missing} have no actuator; add <position> actuators.")
+        else:
+            self.actuator_ids = np.array([actuator_of[j] for j in joint_ids])
+            # PD gains from the policy metadata (what Newton trained with): force = kp (q* - q) - kd q'.
+            model.actuator_gainprm[self.actuator_ids, 0] = kp
+            model.actuator_biasprm[self.actuator_ids, 1] = -kp
+            model.actuator_biasprm[self.actuator_ids, 2] = -kd
+        self.targets = np.asarray(metadata["default_joint_pos"], np.float64)
         self.reset()
 
     def body_contact_force(self, body_ids: list[int]) -> float:
@@ -98,7 +143,9 @@ class MuJoCoRobot:
         d.qpos[0:3] = [0.0, 0.0, base_height or self.metadata.get("default_root_height") or d.qpos[2]]
         d.qpos[3:7] = [1.0, 0.0, 0.0, 0.0]
         d.qpos[self.qpos_ids] = self.metadata["default_joint_pos"]
-        d.ctrl[self.actuator_ids] = self.metadata["default_joint_pos"]
+        self.targets = np.asarray(self.metadata["default_joint_pos"], np.float64)
+        if not self.explicit_pd:
+            d.ctrl[self.actuator_ids] = self.targets
         mujoco.mj_forward(self.model, d)
 
     def read_state(self) -> dict:
@@ -124,8 +171,44 @@ class MuJoCoRobot:
             state["height_scan"] = np.full(len(self.metadata["height_scan"]["points"]), -d.qpos[2], np.float32)
         return state
 
+    def physics_step(self, q_target=None, kp=None, kd=None, dq_target: ArrayLike = 0.0,
+                     tau_ff: ArrayLike = 0.0) -> None:
+        """One physics step toward joint targets (policy order; default: the last written), the PD
+        gains ``kp``/``kd`` given here (a robot's motor command) or the metadata's."""
+        if q_target is not None:
+            self.targets = np.asarray(q_target, np.float64)
+        d = self.data
+        if self.explicit_pd:
+            p, v, effort, saturation, v_limit = self.gains
+            d.qfrc_applied[self.qvel_ids] = pd_torque(
+                self.targets, d.qpos[self.qpos_ids], d.qvel[self.qvel_ids], p if kp is None else kp,
+                v if kd is None else kd, effort, saturation, v_limit, dq_target, tau_ff)
+        else:
+            if kp is not None or kd is not None:
+                raise ValueError("gains per step need a model driven by explicit PD (no position actuators)")
+            d.ctrl[self.actuator_ids] = self.targets
+        mujoco.mj_step(self.model, d)
+
     def write_targets(self, joint_pos_targets: np.ndarray) -> None:
         """Sets the position targets and advances one control step (``decimation`` physics steps)."""
-        self.data.ctrl[self.actuator_ids] = joint_pos_targets
-        for _ in range(self.decimation):
-            mujoco.mj_step(self.model, self.data)
+        self.physics_step(joint_pos_targets)
+        for _ in range(self.decimation - 1):
+            self.physics_step()
+
+
+def _with_options(model: mujoco.MjModel, options: dict | None) -> mujoco.MjModel:
+    """``model`` with MuJoCo ``<option>`` values set by name (enums by their short names)."""
+    enums = {"integrator": (mujoco.mjtIntegrator, "mjINT_"), "cone": (mujoco.mjtCone, "mjCONE_"),
+             "solver": (mujoco.mjtSolver, "mjSOL_")}
+    for key, given in (options or {}).items():
+        value = given
+        if key in enums:
+            enum, prefix = enums[key]
+            value = getattr(enum, prefix + str(given).upper(), None)
+            if value is None:
+                raise ValueError(f"Unknown MuJoCo {key} '{given}'.")
+            value = int(value)
+        if not hasattr(model.opt, key):
+            raise ValueError(f"MuJoCo has no option '{key}' (see mujoco.MjOption).")
+        setattr(model.opt, key, value)
+    return model

@@ -194,6 +194,15 @@ class MuJoCo:
         slots = np.where(geom_body > 0, mjc_body_to_newton[geom_body], -1).astype(np.int32)
         self._geom_slot = wp.array(slots, dtype=int, device=sim.device)
 
+    def mujoco_model(self):
+        """The model's nominal parameters as a plain ``mujoco.MjModel`` of one world (a copy): the
+        robot and its scene as this solver simulates them, for plain MuJoCo (``legion sim2sim``,
+        the DDS bridge, ``robot.mjb`` of an export), e.g. of a URDF robot that has no MJCF."""
+        model = copy.copy(self.solver.mj_model)  # built before any randomization, which edits MuJoCo Warp's copies
+        _inertial_frames_in_use(model)
+        model.opt.timestep = self.sim.dt
+        return model
+
     def step(self, state, control, dt: float, steps: int = 1, before_each_step=None) -> None:
         """``steps`` physics steps of ``dt``; ``before_each_step()``, if given, may write the
         control from the state before each (an actuator model)."""
@@ -428,6 +437,9 @@ class MuJoCoC(MuJoCo):
             _inertial_frames_in_use(self.mj_model)
         for world in edited:
             _inertial_frames_in_use(self.models[world])
+
+    def mujoco_model(self):
+        return copy.copy(self.mj_model)  # the shared model: nominal (its contact sensors only add sensor data)
 
     def publish(self, changed: set[str]) -> None:
         super().publish(changed)  # MuJoCo Warp's per-world fields from Newton's
