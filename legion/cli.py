@@ -31,6 +31,10 @@ commands:
   export         export to ONNX          legion export run=runs/quadruped_flat/<date> [out=DIR]
   sim2sim        MuJoCo next to Newton   legion sim2sim run=runs/quadruped_flat/<date>
   robot          check a robot file      legion robot inspect my_robot.urdf [out=DIR] [robot=NAME]
+  bridge         a simulated Unitree     legion bridge run=runs/quadruped_flat/<date> robot=go2
+                 robot on its DDS topics
+  deploy         a policy on a Unitree   legion deploy run=<run or exported folder> robot=go2 interface=eth0
+                 robot over DDS
 
 `legion <command> --help` explains a command. Tasks: {tasks}
 """
@@ -207,6 +211,48 @@ a configured root_height that starts the robot inside the ground.
                    warnings; <file> may be left out (the config's file). No YAML is written.
   overwrite=true   replace an existing <name>.yaml (never replaced otherwise: it may hold your edits)
 --out DIR and --robot NAME work too.
+"""
+
+BRIDGE_HELP = """usage: legion bridge run=<run or exported folder> robot=go2|g1 [domain=0] [interface=lo]
+                     [rate=500] [duration_s=SECONDS] [faults=silent,bad_crc,nan]
+
+Simulates the robot in plain MuJoCo (the export's robot.mjb: the model the policy trained on) and
+speaks the robot's own DDS topics, as Unitree's low-level interface does: publishes rt/lowstate
+(IMU, motors, foot forces) and rt/sportmodestate (position and velocity, world frame), applies
+rt/lowcmd (per motor: q, dq, kp, kd, tau; CRC checked, bad ones dropped) at `rate` Hz, in real
+time. The robot stands still in its default pose until the first LowCmd arrives. Run `legion
+deploy ... interface=lo` against it, exactly as against the robot. A status line every second.
+
+  domain=0          DDS domain (Unitree's robots use 0; unitree_mujoco uses 1)
+  interface=lo      network interface: lo keeps everything on this computer
+  rate=500          robot rate [Hz]: LowState publishing and physics step
+  duration_s=       stop after this long (default: until Ctrl-C)
+  faults=           fault drills for a controller's safety layer: silent (stop publishing), bad_crc
+                    (LowStates with a wrong CRC), nan (a NaN joint position)
+"""
+
+DEPLOY_HELP = """usage: legion deploy run=<run or exported folder> robot=go2|g1 [interface=NAME] [domain=0]
+                     [command=[vx,vy,wz]] [duration_s=SECONDS] [confirm=true] [stand_s=2] [hold_s=1]
+                     [log=DIR]
+
+Runs an exported policy on a Unitree robot over DDS (rt/lowstate in, rt/lowcmd out), with the
+edge runtime only (numpy, onnxruntime, cyclonedds: pip install 'legion-rl[unitree]'; no torch).
+The policy's joint names are checked against the robot's motor map at start (refused, naming
+the joints, if they differ), and nothing is sent before a fresh, valid LowState arrives.
+
+Phases: damping (kp = 0) until Enter; stand up to the default pose over stand_s; hold it until
+Enter; then the policy with the control loop's safety layer (stale state: hold the last targets,
+then stop; bad CRC or NaN: stop; targets clamped to the joint limits and in rate) and a status
+line every second. Any stop, and Ctrl-C, sends damping (kp = 0, kd > 0) before exiting.
+
+  interface=NAME    the network interface the robot is on (e.g. eth0), lo for `legion bridge`
+                    on this computer; default: CycloneDDS chooses
+  domain=0          DDS domain
+  command=[0,0,0]   velocity command (v_x [m/s], v_y [m/s], yaw rate [rad/s]), held
+  duration_s=       policy phase length (default: until Ctrl-C)
+  confirm=false     no Enter prompts (the simulated robot, scripted runs)
+  stand_s, hold_s   stand-up ramp and hold [s]
+  log=DIR           the policy phase as a TrajectoryLog episode (legion dataset convert takes it)
 """
 
 # What `pip install "legion-rl[train]"` adds to the base (edge runtime) install.
@@ -556,8 +602,64 @@ def robot(args: list[str]) -> None:
     print(inspect_robot(file, out, config, _flag("overwrite", options["overwrite"])).text())
 
 
+def _dds_args(args: list[str], help_text: str, options: dict) -> tuple[Path, dict]:
+    """run=<folder> and this command's options (no config overrides); robot= is required."""
+    if any(a in ("-h", "--help") for a in args):
+        print(help_text)
+        raise SystemExit(0)
+    run, chosen, unknown = parse_run_args(args, help_text, options)
+    if unknown:
+        raise UsageError(f"unknown option(s) {' '.join(unknown)}; options: {', '.join(options)}\n\n{help_text}")
+    if not chosen["robot"]:
+        raise UsageError(f"robot= is required (go2 or g1)\n\n{help_text}")
+    return run, chosen
+
+
+def bridge(args: list[str]) -> None:
+    from legion.sim2real.bridge import FAULTS, UnitreeBridge
+
+    run, o = _dds_args(args, BRIDGE_HELP, {"robot": None, "domain": "0", "interface": "lo", "rate": "500",
+                                           "duration_s": None, "faults": ""})
+    faults = {f for f in o["faults"].split(",") if f}
+    if faults - set(FAULTS):
+        raise UsageError(f"faults={o['faults']}: choose from {', '.join(FAULTS)}")
+    sim = UnitreeBridge(run, o["robot"], _number("domain", o["domain"]), o["interface"] or None,
+                        _number("rate", o["rate"], float))
+    sim.faults = faults
+    print(f"[bridge] {o['robot']} on DDS domain {o['domain']}, interface {o['interface'] or 'auto'}, "
+          f"{o['rate']} Hz{', faults: ' + ','.join(sorted(faults)) if faults else ''}; Ctrl-C stops", flush=True)
+    summary = sim.run(_number("duration_s", o["duration_s"], float) if o["duration_s"] else None,
+                      status=lambda b: print(b.status_line(), flush=True))
+    print(f"[bridge] stopped: {json.dumps(summary)}")
+
+
+def deploy(args: list[str]) -> None:
+    from legion.sim2real.bridge import exported_folder
+    from legion.sim2real.deploy.policy import StateError
+    from legion.sim2real.deploy.unitree import deploy as run_deploy
+
+    run, o = _dds_args(args, DEPLOY_HELP, {"robot": None, "domain": "0", "interface": None, "command": "[0,0,0]",
+                                           "duration_s": None, "confirm": "true", "stand_s": "2", "hold_s": "1",
+                                           "log": None})
+    try:
+        command = [float(c) for c in json.loads(o["command"])]
+        assert len(command) == 3
+    except (ValueError, TypeError, AssertionError):
+        raise UsageError(f"command={o['command']}: expected [v_x, v_y, yaw_rate]\n\n{DEPLOY_HELP}") from None
+    try:
+        result = run_deploy(exported_folder(run), o["robot"], _number("domain", o["domain"]), o["interface"] or None,
+                            command, _number("duration_s", o["duration_s"], float) if o["duration_s"] else None,
+                            _number("stand_s", o["stand_s"], float), _number("hold_s", o["hold_s"], float),
+                            _flag("confirm", o["confirm"]), o["log"], say=lambda line: print(line, flush=True))
+    except (StateError, TimeoutError) as e:  # the robot's fault, after the loop damped it: exit 1
+        print(f"legion deploy: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(f"[deploy] {json.dumps(result)}")
+
+
 COMMANDS = {"train": train, "play": play, "eval": evaluate, "record": record, "replay": replay, "dataset": dataset,
-            "randomization": randomization, "export": export, "sim2sim": sim2sim, "robot": robot}
+            "randomization": randomization, "export": export, "sim2sim": sim2sim, "robot": robot, "bridge": bridge,
+            "deploy": deploy}
 
 
 def _run(command: str, function, *args) -> None:
@@ -569,6 +671,8 @@ def _run(command: str, function, *args) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet
         sys.exit(0)
     except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] == "cyclonedds":
+            _fail(command, "needs DDS (cyclonedds is missing): pip install 'legion-rl[unitree]'")
         if e.name and e.name.split(".")[0] in TRAINING_STACK:
             _fail(command, f"needs the training stack ({e.name} is missing): "
                            "pip install torch==2.13.0 && pip install 'legion-rl[train]'")

@@ -1,0 +1,250 @@
+"""Unitree SDK2 over DDS: the messages and their CRC, the motor maps, and the edge runtime driving
+`legion bridge`'s simulated Go2 over loopback DDS, faults included (sim2real/deploy/unitree.py,
+sim2real/bridge.py)."""
+
+import os
+import random
+import re
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import cyclonedds.idl as idl
+import numpy as np
+import pytest
+
+from conftest import export_untrained_run
+from legion.sim2real.deploy import ControlLoop, PolicyRunner, StateError
+from legion.sim2real.deploy import unitree as u
+from legion.tasks.sim import resolve_asset
+
+# One DDS domain per test process (xdist workers run side by side on the same loopback).
+DOMAIN = 60 + int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+MESSAGES = (u.GoLowCmd, u.GoLowState, u.HgLowCmd, u.HgLowState)
+
+
+def unitree_crc_py(words: list[int]) -> int:
+    """unitree_sdk2py/utils/crc.py's ``_crc_py`` (Unitree's crc32_core), bit by bit, as the SDK has it."""
+    crc, polynomial = 0xFFFFFFFF, 0x04C11DB7
+    for current in words:
+        bit = 1 << 31
+        for _ in range(32):
+            crc = ((crc << 1) & 0xFFFFFFFF) ^ polynomial if crc & 0x80000000 else (crc << 1) & 0xFFFFFFFF
+            if current & bit:
+                crc ^= polynomial
+            bit >>= 1
+    return crc
+
+
+def randomized(kind: type, rng: random.Random):
+    """A message with every motor's numbers and the IMU drawn at random (as a robot's would be)."""
+    message = kind()
+    motors = message.motor_cmd if hasattr(message, "motor_cmd") else message.motor_state
+    for m in motors:
+        m.mode, m.q, m.dq = rng.randrange(256), rng.uniform(-3, 3), rng.uniform(-20, 20)
+        if hasattr(m, "kp"):
+            m.kp, m.kd, m.tau = rng.uniform(0, 100), rng.uniform(0, 5), rng.uniform(-40, 40)
+    if hasattr(message, "imu_state"):
+        message.imu_state.quaternion = [rng.uniform(-1, 1) for _ in range(4)]
+        message.imu_state.gyroscope = [rng.uniform(-5, 5) for _ in range(3)]
+    return message
+
+
+@pytest.mark.parametrize("kind", MESSAGES, ids=lambda k: k.__name__)
+def test_the_crc_is_unitrees_crc32_core_over_the_c_struct(kind):
+    rng = random.Random(0)
+    message = randomized(kind, rng)
+    packed = u._STRUCT[kind].pack(*u._flat(message))
+    words = list(struct.unpack(f"<{len(packed) // 4}I", packed))[:-1]  # the crc word left out, as the SDK does
+    assert u.message_crc(message) == unitree_crc_py(words)
+    before = u.message_crc(message)
+    (message.motor_cmd if hasattr(message, "motor_cmd") else message.motor_state)[3].q += 1e-3
+    assert u.message_crc(message) != before
+
+
+@pytest.mark.parametrize("kind", (*MESSAGES, u.SportModeState), ids=lambda k: k.__name__)
+def test_the_fast_cdr_codec_writes_cyclonedds_own_bytes(kind):
+    message = randomized(kind, random.Random(1)) if kind is not u.SportModeState else kind(velocity=[0.5, -0.25, 1.0])
+    data = message.serialize()
+    assert data == idl.IdlStruct.serialize(message)  # cyclonedds' own (slow) serializer, byte for byte
+    back = kind.deserialize(data)
+    assert u._flat(back) == u._flat(kind.__idl__.deserialize(data))
+    assert np.allclose(u._flat(back), u._flat(message), rtol=1e-6)  # float32 on the wire
+
+
+def _urdf_joints(uri: str) -> list[str]:
+    text = resolve_asset(uri).read_text()
+    return re.findall(r'<joint\s+name="([^"]+)"\s+type="(?:revolute|continuous)"', text)
+
+
+def test_motor_maps_name_the_robot_files_joints():
+    g1 = _urdf_joints("package://example-robot-data/robots/g1_description/urdf/g1_29dof_rev_1_0.urdf")
+    assert list(u.ROBOTS["g1"].motors) == g1  # Unitree's G1 motor order is its URDF's joint order
+    go2 = _urdf_joints("package://example-robot-data/robots/go2_description/urdf/go2.urdf")
+    assert sorted(u.ROBOTS["go2"].motors) == sorted(go2) and len(go2) == 12
+    assert u.ROBOTS["go2"].motors[:3] == ("FR_hip_joint", "FR_thigh_joint", "FR_calf_joint")  # motor 0-2: front right
+
+
+def test_a_policy_for_other_joints_is_refused_naming_them():
+    go2 = list(u.ROBOTS["go2"].motors)
+    order = u.motor_order(u.ROBOTS["go2"], sorted(go2))
+    assert [u.ROBOTS["go2"].motors[i] for i in order] == sorted(go2)
+    with pytest.raises(ValueError, match=r"no go2 motor drives \['FL_knee'\].*leaves motors \['FL_calf_joint'\]"):
+        u.motor_order(u.ROBOTS["go2"], [n if n != "FL_calf_joint" else "FL_knee" for n in go2])
+
+
+# --- against the simulated robot, over DDS on loopback ----------------------------------------------
+@pytest.fixture(scope="module")
+def go2_export(tmp_path_factory):
+    run = tmp_path_factory.mktemp("go2_run")
+    export_untrained_run(run, "task=quadruped_flat", "robot=go2")
+    return run / "exported"
+
+
+@pytest.fixture
+def bridge(go2_export):
+    from legion.sim2real.bridge import UnitreeBridge
+
+    sim = UnitreeBridge(go2_export, "go2", domain=DOMAIN, interface="lo")
+    stop = threading.Event()
+    thread = threading.Thread(target=sim.run, kwargs={"should_stop": stop.is_set, "duration_s": 120}, daemon=True)
+    thread.start()
+    yield sim
+    stop.set()
+    thread.join(timeout=5)
+
+
+def sim_seconds(bridge, seconds: float, write=None) -> None:
+    """Waits until the bridge's physics has run ``seconds`` more, calling ``write()`` every 20 ms."""
+    end = bridge.sim.data.time + seconds
+    deadline = time.monotonic() + 30 * seconds + 5
+    while bridge.sim.data.time < end or bridge.hold:
+        assert time.monotonic() < deadline, "the bridge's physics did not advance"
+        if write is not None:
+            write()
+        time.sleep(0.02)
+
+
+def test_deploy_drives_the_bridge_in_the_motor_order_and_the_robot_stands_then_damps(bridge, go2_export):
+    runner = PolicyRunner(go2_export / "policy.onnx")
+    robot = u.UnitreeRobot("go2", runner, domain=DOMAIN, interface="lo")
+    state = robot.read_state()
+    sim = bridge.sim
+    assert np.allclose(state["joint_pos"], sim.data.qpos[sim.qpos_ids], atol=1e-6)  # policy order both sides
+    assert np.allclose(state["base_quat"], [0, 0, 0, 1]) and "base_lin_vel" in state  # the policy reads it
+    default = np.asarray(runner.metadata["default_joint_pos"], np.float32)
+    targets = default + np.linspace(-0.05, 0.05, len(default)).astype(np.float32)  # a distinct target per joint
+    sim_seconds(bridge, 1.0, lambda: robot.write_targets(targets))
+    applied = [bridge.last_command.motor_cmd[i] for i in u.motor_order(u.ROBOTS["go2"], runner.joint_names)]
+    assert np.allclose([c.q for c in applied], targets, atol=1e-6)
+    assert np.allclose([c.kp for c in applied], runner.metadata["joint_stiffness"])
+    standing = sim.data.qpos[2]
+    assert standing > 0.22, f"the Go2 did not stand on the policy's gains: base at {standing:.3f} m"
+    sim_seconds(bridge, 1.0, robot.damp)
+    last = bridge.last_command.motor_cmd[0]
+    assert last.kp == 0 and last.kd == u.ROBOTS["go2"].damping_kd
+    assert sim.data.qpos[2] < standing - 0.05, "damping (kp = 0) should let the robot sink"
+    robot.close()
+
+
+def test_a_robot_that_stops_publishing_is_held_then_stopped_and_damped(bridge, go2_export):
+    runner = PolicyRunner(go2_export / "policy.onnx")
+    robot = u.UnitreeRobot("go2", runner, domain=DOMAIN, interface="lo")
+    loop = ControlLoop(robot, runner)
+    loop.run(10)
+    assert loop.stats.modes["policy"] == 10
+    bridge.faults.add("silent")
+    loop.run(30)  # 0.6 s: stale after 50 ms (hold), stopped after 250 ms
+    assert loop.stats.modes["hold"] > 0 and loop.stats.modes["stop"] > 0
+    assert "old" in loop.stopped
+    time.sleep(0.1)
+    assert bridge.last_command.motor_cmd[0].kp == 0, "the stopped loop should send damping"
+    robot.close()
+
+
+@pytest.mark.parametrize("fault, message", [("bad_crc", "CRC"), ("nan", "non-finite")])
+def test_a_lowstate_with_a_bad_crc_or_nan_stops_the_loop(bridge, go2_export, fault, message):
+    runner = PolicyRunner(go2_export / "policy.onnx")
+    robot = u.UnitreeRobot("go2", runner, domain=DOMAIN, interface="lo")
+    loop = ControlLoop(robot, runner)
+    loop.run(5)
+    bridge.faults.add(fault)
+    time.sleep(0.05)
+    with pytest.raises(StateError, match=message):
+        loop.run(5)
+    assert message in loop.stopped
+    time.sleep(0.1)
+    assert bridge.last_command.motor_cmd[0].kp == 0  # damped on the way out
+    robot.close()
+
+
+def test_a_lowcmd_with_a_bad_crc_is_dropped_by_the_bridge(bridge):
+    from cyclonedds.pub import DataWriter
+    from cyclonedds.topic import Topic
+
+    p = u.participant(DOMAIN, "lo")
+    writer = DataWriter(p, Topic(p, u.LOWCMD, u.GoLowCmd))
+    cmd = u.GoLowCmd()
+    cmd.crc = u.message_crc(cmd) ^ 1
+    deadline = time.monotonic() + 5
+    while bridge.bad_crc == 0 and time.monotonic() < deadline:
+        writer.write(cmd)
+        time.sleep(0.02)
+    assert bridge.bad_crc > 0 and bridge.last_command is None and bridge.hold  # never applied
+
+
+def test_no_robot_state_refuses_to_start(go2_export):
+    runner = PolicyRunner(go2_export / "policy.onnx")
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="no rt/lowstate within 0.3 s"):
+        u.UnitreeRobot("go2", runner, domain=DOMAIN + 40, interface="lo", timeout_s=0.3)
+    assert time.monotonic() - start < 3
+
+
+def test_legion_deploy_against_the_bridge_status_log_and_ctrl_c_damps(bridge, go2_export, tmp_path):
+    environ = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    deploy = subprocess.Popen(
+        [sys.executable, "-m", "legion", "deploy", f"run={go2_export}", "robot=go2", f"domain={DOMAIN}", "interface=lo",
+         "confirm=false", "stand_s=0.5", "hold_s=0.2", "command=[0.5,0,0]", f"log={tmp_path / 'log'}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ)
+    lines = []
+    try:
+        assert deploy.stdout is not None
+        for line in deploy.stdout:
+            lines.append(line)
+            if line.startswith("[deploy] policy ") and " Hz " in line:  # a status line of the policy phase
+                break
+        deploy.send_signal(signal.SIGINT)
+        out, _ = deploy.communicate(timeout=30)
+    finally:
+        deploy.kill()
+    text = "".join(lines) + out
+    assert deploy.returncode == 0, text
+    status = r"\[deploy\] policy +\d+\.\d s \| [\d.]+ Hz \| deadline misses \d+ \| latency p50 \d+ us"
+    assert re.search(status, text), text
+    assert "stopped (interrupted); damping sent" in text, text
+    assert bridge.last_command.motor_cmd[0].kp == 0 and bridge.last_command.motor_cmd[0].kd > 0
+    episode = np.load(tmp_path / "log" / "episode_000000.npz")
+    assert (episode["mode"] == 0).sum() >= 40 and np.allclose(episode["command"][0], [0.5, 0, 0])
+
+
+def test_legion_bridge_command_serves_a_client(go2_export):
+    bridge = subprocess.Popen([sys.executable, "-m", "legion", "bridge", f"run={go2_export.parent}", "robot=go2",
+                               f"domain={DOMAIN + 20}", "duration_s=6"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        runner = PolicyRunner(go2_export / "policy.onnx")
+        robot = u.UnitreeRobot("go2", runner, domain=DOMAIN + 20, interface="lo", timeout_s=20)
+        for _ in range(25):
+            robot.write_targets(np.asarray(runner.metadata["default_joint_pos"], np.float32))
+            time.sleep(0.02)
+        robot.close()
+        out, _ = bridge.communicate(timeout=30)
+    finally:
+        bridge.kill()
+    assert bridge.returncode == 0, out
+    assert re.search(r"\[bridge\] go2 sim +[\d.]+ s \| LowCmd \d+ \(bad CRC 0\)", out), out
+    assert '"waiting_for_command": false' in out, out
