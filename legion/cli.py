@@ -630,6 +630,7 @@ def bridge(args: list[str]) -> None:
           f"{o['rate']} Hz{', faults: ' + ','.join(sorted(faults)) if faults else ''}; Ctrl-C stops", flush=True)
     summary = sim.run(_number("duration_s", o["duration_s"], float) if o["duration_s"] else None,
                       status=lambda b: print(b.status_line(), flush=True))
+    sim.close()
     print(f"[bridge] stopped: {json.dumps(summary)}")
 
 

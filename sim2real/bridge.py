@@ -181,6 +181,10 @@ class UnitreeBridge:
             pass
         return self.summary()
 
+    def close(self) -> None:
+        """Stops the LowCmd reader thread."""
+        self.commands.close()
+
     def summary(self) -> dict:
         return {"ticks": self.ticks, "published": self.published, "sim_time_s": float(self.sim.data.time),
                 "commands": self.commands.count, "bad_crc_commands": self.bad_crc, "late_ticks": self.behind,

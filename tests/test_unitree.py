@@ -115,6 +115,7 @@ def bridge(go2_export):
     yield sim
     stop.set()
     thread.join(timeout=5)
+    sim.close()
 
 
 def sim_seconds(bridge, seconds: float, write=None) -> None:

@@ -35,6 +35,7 @@ What :class:`UnitreeRobot` does:
 
 import functools
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -45,13 +46,14 @@ import cyclonedds.idl as idl
 import cyclonedds.idl.annotations as annotate
 import cyclonedds.idl.types as types
 import numpy as np
-from cyclonedds.core import Listener
+from cyclonedds.core import InstanceState, ReadCondition, SampleState, ViewState, WaitSet
 from cyclonedds.domain import Domain, DomainParticipant
 from cyclonedds.idl import _machinery
 from cyclonedds.internal import InvalidSample
 from cyclonedds.pub import DataWriter
 from cyclonedds.sub import DataReader
 from cyclonedds.topic import Topic
+from cyclonedds.util import duration
 
 from legion.sim2real.deploy.policy import StateError, quat_rotate_inverse
 
@@ -513,26 +515,40 @@ def participant(domain: int, interface: str | None) -> DomainParticipant:
 
 
 class Latest:
-    """The newest sample of a topic and when it arrived (on the ``now`` clock), kept by DDS' listener thread."""
+    """The newest sample of a topic and when it arrived (on the ``now`` clock), kept by a reader thread.
+
+    A thread blocked in a DDS WaitSet, not a DDS listener: cyclonedds runs listeners on its own
+    thread, and an entity garbage-collected there while another thread changes a listener
+    deadlocks both (seen here)."""
 
     def __init__(self, participant_, topic: str, kind: type, now: Callable[[], float]):
         self.topic, self.now = topic, now
         self.newest: tuple = (None, float("-inf"))  # (sample, arrival time): replaced whole, read whole
         self.count = 0
-        self.reader = DataReader(participant_, Topic(participant_, topic, kind),
-                                 listener=Listener(on_data_available=self._arrived))
+        self.reader = DataReader(participant_, Topic(participant_, topic, kind))
+        self._waitset = WaitSet(participant_)
+        self._waitset.attach(ReadCondition(self.reader, SampleState.Any | ViewState.Any | InstanceState.Alive))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True, name=f"dds {topic}")
+        self._thread.start()
 
-    def _arrived(self, reader) -> None:
-        # (InvalidSample: no data, a writer's instance state changed, e.g. it left)
-        samples = [s for s in reader.take(N=64) if not isinstance(s, InvalidSample)]
-        if samples:
-            self.newest, self.count = (samples[-1], self.now()), self.count + len(samples)
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            self._waitset.wait(duration(milliseconds=50))  # (releases the GIL while it waits)
+            # (InvalidSample: no data, a writer's instance state changed, e.g. it left)
+            samples = [s for s in self.reader.take(N=64) if not isinstance(s, InvalidSample)]
+            if samples:
+                self.newest, self.count = (samples[-1], self.now()), self.count + len(samples)
 
     def wait(self, timeout_s: float) -> bool:
         end = time.monotonic() + timeout_s
         while self.newest[0] is None and time.monotonic() < end:
             time.sleep(0.002)
         return self.newest[0] is not None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
 
 
 class UnitreeRobot:
@@ -636,10 +652,10 @@ class UnitreeRobot:
         self._send(np.zeros(n), np.zeros(n), np.full(n, self.damping_kd))
 
     def close(self) -> None:
-        """Stops listening (the participant goes with the object)."""
+        """Stops the reader threads (the DDS entities go with the object)."""
         for latest in (self.lowstate, self.sport):
             if latest is not None:
-                latest.reader.set_listener(None)
+                latest.close()
 
 
 # --- legion deploy ---------------------------------------------------------------------------------
