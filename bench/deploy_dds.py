@@ -29,7 +29,6 @@ import numpy as np
 
 from common import print_table, write_json
 from legion.sim2real import sim2sim as s2s
-from legion.sim2real.bridge import exported_folder
 from legion.sim2real.deploy import unitree
 
 
@@ -68,7 +67,7 @@ def main() -> None:
     parser.add_argument("--domain", type=int, default=51)
     parser.add_argument("--commands", default=json.dumps(s2s.DEFAULT_COMMANDS))
     args = parser.parse_args()
-    folder = exported_folder(args.run)
+    folder = unitree.exported_folder(args.run)
     run = folder.parent
     commands = json.loads(args.commands)
     logs = Path("/tmp") / f"deploy_dds_{int(time.time())}"

@@ -635,9 +635,9 @@ def bridge(args: list[str]) -> None:
 
 
 def deploy(args: list[str]) -> None:
-    from legion.sim2real.bridge import exported_folder
     from legion.sim2real.deploy.policy import StateError
     from legion.sim2real.deploy.unitree import deploy as run_deploy
+    from legion.sim2real.deploy.unitree import exported_folder
 
     run, o = _dds_args(args, DEPLOY_HELP, {"robot": None, "domain": "0", "interface": None, "command": "[0,0,0]",
                                            "duration_s": None, "confirm": "true", "stand_s": "2", "hold_s": "1",

@@ -36,23 +36,13 @@ from legion.sim2real.deploy.unitree import (
     SPORTSTATE,
     Latest,
     SportModeState,
+    exported_folder,
     message_crc,
     motor_order,
     participant,
 )
 
 FAULTS = ("silent", "bad_crc", "nan")
-
-
-def exported_folder(path: str | Path) -> Path:
-    """The export folder of ``path``: itself if it holds policy.onnx, else ``path/exported``;
-    ValueError saying what to run otherwise."""
-    path = Path(path)
-    for folder in (path, path / "exported"):
-        if (folder / "policy.onnx").is_file():
-            return folder
-    raise ValueError(f"{path} holds no exported policy (policy.onnx, or exported/policy.onnx): run "
-                     f"`legion export run={path}` first.")
 
 
 class UnitreeBridge:

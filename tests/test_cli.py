@@ -139,6 +139,8 @@ def test_every_command_has_help(tmp_path):
                            ("sim2sim", "legion sim2sim run=<run folder>"), ("randomization", "legion randomization"),
                            ("record", "legion record run=<run folder>"), ("replay", "legion replay <file.h5>"),
                            ("dataset", "legion dataset convert <input> format=lerobot|hdf5"),
+                           ("bridge", "legion bridge run=<run or exported folder> robot=go2|g1"),
+                           ("deploy", "legion deploy run=<run or exported folder> robot=go2|g1"),
                            ("train resume=x", "legion train resume=<run folder>")):
         result = legion(*command.split(), "--help", cwd=tmp_path)
         assert result.returncode == 0 and usage in result.stdout, command

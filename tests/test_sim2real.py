@@ -518,14 +518,15 @@ def test_deploy_only_venv_runs_the_runtime(trained, tmp_path):
     python = venv / "bin" / "python"
     # Exactly what a robot computer runs: the package with its deploy extra, from PyPI and this tree.
     pip = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                          f"{ROOT}[deploy]"], capture_output=True, text=True, timeout=600)
-    assert pip.returncode == 0, f"pip install 'legion-rl[deploy]' failed (PyPI needed):\n{pip.stderr[-2000:]}"
+                          f"{ROOT}[deploy,unitree]"], capture_output=True, text=True, timeout=600)
+    assert pip.returncode == 0, f"pip install 'legion-rl[deploy,unitree]' failed (PyPI needed):\n{pip.stderr[-2000:]}"
     state = robot_state(trained["env"], 1)
     (tmp_path / "state.json").write_text(json.dumps({k: np.asarray(v).tolist() for k, v in state.items()}))
     script = textwrap.dedent(f"""
         import json, sys
         import numpy as np
         from legion.sim2real.deploy import ControlLoop, PolicyRunner
+        from legion.sim2real.deploy.unitree import UnitreeRobot, deploy  # DDS for Unitree robots
         for name in ("torch", "warp", "mujoco"):
             try:
                 __import__(name)
@@ -549,6 +550,13 @@ def test_deploy_only_venv_runs_the_runtime(trained, tmp_path):
     expected = [runner.act({k: np.asarray(v, np.float32) for k, v in state.items()}, [0.5, 0.0, 0.2]) for _ in range(2)]
     assert np.abs(np.array(out["targets"]) - np.array(expected)).max() <= 1e-6
     assert np.abs(expected[0] - expected[1]).max() > 0  # the second call saw its own last action
+    # `legion deploy` on the robot computer: its help, and its refusal of a folder with no export
+    deploy_help = subprocess.run([str(venv / "bin" / "legion"), "deploy", "--help"], capture_output=True, text=True,
+                                 timeout=60, env={"PATH": os.environ["PATH"]})
+    assert deploy_help.returncode == 0 and "legion deploy run=<run or exported folder>" in deploy_help.stdout
+    no_export = subprocess.run([str(venv / "bin" / "legion"), "deploy", f"run={tmp_path}", "robot=go2"],
+                               capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+    assert no_export.returncode == 2 and "holds no exported policy" in no_export.stderr, no_export.stderr
 
 
 # --- command line ----------------------------------------------------------------------------------

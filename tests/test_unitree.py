@@ -197,6 +197,12 @@ def test_a_lowcmd_with_a_bad_crc_is_dropped_by_the_bridge(bridge):
     assert bridge.bad_crc > 0 and bridge.last_command is None and bridge.hold  # never applied
 
 
+def test_a_go2_policy_on_a_g1_is_refused_at_start_naming_the_joints(go2_export):
+    runner = PolicyRunner(go2_export / "policy.onnx")
+    with pytest.raises(ValueError, match=r"no g1 motor drives \['FL_hip_joint'.*undriven"):
+        u.UnitreeRobot("g1", runner, domain=DOMAIN, interface="lo")
+
+
 def test_no_robot_state_refuses_to_start(go2_export):
     runner = PolicyRunner(go2_export / "policy.onnx")
     start = time.monotonic()

@@ -40,6 +40,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 import cyclonedds.idl as idl
@@ -659,6 +660,17 @@ class UnitreeRobot:
 
 
 # --- legion deploy ---------------------------------------------------------------------------------
+def exported_folder(path) -> Path:
+    """The export folder of ``path``: itself if it holds policy.onnx, else ``path/exported``;
+    ValueError saying what to run otherwise."""
+    path = Path(path)
+    for folder in (path, path / "exported"):
+        if (folder / "policy.onnx").is_file():
+            return folder
+    raise ValueError(f"{path} holds no exported policy (policy.onnx, or exported/policy.onnx): run "
+                     f"`legion export run={path}` first.")
+
+
 def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = None, command=(0.0, 0.0, 0.0),
            duration_s: float | None = None, stand_s: float = 2.0, hold_s: float = 1.0, confirm: bool = True,
            log_dir=None, say: Callable[[str], None] = print, safety=None) -> dict:
@@ -679,7 +691,6 @@ def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = 
     import select
     import sys
     from contextlib import nullcontext
-    from pathlib import Path
 
     from legion.sim2real.deploy.log import TrajectoryLog
     from legion.sim2real.deploy.loop import ControlLoop, SafetyConfig
