@@ -27,6 +27,8 @@ from pathlib import Path
 
 import mujoco
 import numpy as np
+from cyclonedds.pub import DataWriter
+from cyclonedds.topic import Topic
 
 from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot, find_id
 from legion.sim2real.deploy.unitree import (
@@ -63,7 +65,7 @@ class UnitreeBridge:
                              "version of legion (`legion export`), from a run trained with sim.solver=mujoco.")
         if robot not in ROBOTS:
             raise ValueError(f"robot={robot}: known Unitree robots are {sorted(ROBOTS)}")
-        self.meta = meta = json.loads((folder / "policy.json").read_text())
+        meta = json.loads((folder / "policy.json").read_text())
         self.spec = ROBOTS[robot]
         self.motors = motor_order(self.spec, meta["joint_names"])  # motor index of each policy joint
         self.sim = MuJoCoRobot(folder / "robot.mjb", meta)
@@ -78,9 +80,6 @@ class UnitreeBridge:
         self.faults: set[str] = set()
         state_type, cmd_type = self.spec.messages
         self.participant = participant(domain, interface)
-        from cyclonedds.pub import DataWriter
-        from cyclonedds.topic import Topic
-
         self.state_writer = DataWriter(self.participant, Topic(self.participant, LOWSTATE, state_type))
         self.sport_writer = DataWriter(self.participant, Topic(self.participant, SPORTSTATE, SportModeState))
         self.commands = Latest(self.participant, LOWCMD, cmd_type, time.monotonic)
@@ -102,9 +101,10 @@ class UnitreeBridge:
         if self.hold or self.last_command is None:
             return
         cmds = [self.last_command.motor_cmd[i] for i in self.motors]
-        self.sim.physics_step(np.array([c.q for c in cmds]), kp=np.array([c.kp for c in cmds]),
-                              kd=np.array([c.kd for c in cmds]), dq_target=np.array([c.dq for c in cmds]),
-                              tau_ff=np.array([c.tau for c in cmds]))
+        on = np.array([c.mode != 0 for c in cmds])  # mode 0: the motor is off (no torque), as on the robot
+        self.sim.physics_step(np.array([c.q for c in cmds]), kp=on * np.array([c.kp for c in cmds]),
+                              kd=on * np.array([c.kd for c in cmds]), dq_target=np.array([c.dq for c in cmds]),
+                              tau_ff=on * np.array([c.tau for c in cmds]))
 
     def _publish(self) -> None:
         if "silent" in self.faults:
@@ -131,8 +131,6 @@ class UnitreeBridge:
             msg.motor_state[self.motors[0]].q = float("nan")
         if self.spec.family == "go":
             msg.foot_force = [int(min(sim.body_contact_force([f]), 32767)) if f >= 0 else 0 for f in self.feet]
-        else:
-            msg.mode_machine = 5  # (echoed in LowCmd by controllers; a G1 29-DoF reports its model here)
         msg.tick = int(d.time * 1000) & 0xFFFFFFFF
         msg.crc = message_crc(msg) ^ (0xFFFFFFFF if "bad_crc" in self.faults else 0)
         self.sport.position, self.sport.velocity = d.qpos[0:3].tolist(), d.qvel[0:3].tolist()

@@ -83,24 +83,23 @@ def _structs(kind: type, n: int) -> Any:
 # for a G1's: more than a 500 Hz tick). Unitree's messages are final structs of fixed-size fields,
 # so their CDR encoding is one struct format: built here from cyclonedds' own description of the
 # type (its serialization "machines"), and checked byte for byte against cyclonedds in the tests.
-def _cdr_codes(machine, version_2: bool, offset: int, out: list) -> int:
-    """Appends the struct codes (padding included) of ``machine``'s CDR encoding from ``offset``
+def _cdr_codes(machine, offset: int, out: list) -> int:
+    """Appends the struct codes (padding included) of ``machine``'s XCDR1 encoding from ``offset``
     [bytes after the encapsulation header]; returns the offset after it."""
-    if isinstance(machine, _machinery.InstanceMachine):
-        idl_info = machine.type.__idl__
-        idl_info.populate()
-        return _cdr_codes(idl_info.v2_machine if version_2 else idl_info.v1_machine, version_2, offset, out)
+    if isinstance(machine, _machinery.InstanceMachine):  # a nested struct
+        machine.type.__idl__.populate()
+        return _cdr_codes(machine.type.__idl__.v1_machine, offset, out)
     if isinstance(machine, _machinery.StructMachine):
         for member in machine.members_machines.values():
-            offset = _cdr_codes(member, version_2, offset, out)
+            offset = _cdr_codes(member, offset, out)
         return offset
     if isinstance(machine, _machinery.ArrayMachine) and not machine.add_size_header:
         for _ in range(machine.size):
-            offset = _cdr_codes(machine.submachine, version_2, offset, out)
+            offset = _cdr_codes(machine.submachine, offset, out)
         return offset
     if isinstance(machine, (_machinery.PrimitiveMachine, _machinery.PlainCdrV2ArrayOfPrimitiveMachine)):
-        align = min(machine.alignment, 4 if version_2 else 8)
-        pad = -offset % align
+        # a number, or an array of numbers (that machine serves XCDR1 too), aligned to the number's size
+        pad = -offset % machine.alignment
         out.append("x" * pad + machine.code)
         return offset + pad + machine.size
     if isinstance(machine, _machinery.ByteArrayMachine):  # uint8[N]: N bytes, unaligned
@@ -117,10 +116,9 @@ def _fast_cdr(cls):
 
     def packer() -> struct.Struct:
         if not packers:
-            idl_info = cls.__idl__
-            idl_info.populate()
+            cls.__idl__.populate()
             codes: list = []
-            _cdr_codes(idl_info.v1_machine, False, 0, codes)
+            _cdr_codes(cls.__idl__.v1_machine, 0, codes)
             packers.append(struct.Struct("<" + "".join(codes)))
         return packers[0]
 
@@ -505,8 +503,7 @@ _DOMAINS: dict[int, tuple[Domain, str | None]] = {}  # CycloneDDS configures a d
 
 
 def participant(domain: int, interface: str | None) -> DomainParticipant:
-    """A DDS participant on ``domain`` (Unitree: 0 on the robot's network, 1 for simulators) and
-    ``interface``; one process uses one interface per domain."""
+    """A DDS participant on ``domain`` and ``interface``; one process uses one interface per domain."""
     if domain not in _DOMAINS:
         _DOMAINS[domain] = (Domain(domain, dds_config(interface)), interface)
     elif _DOMAINS[domain][1] != interface:
@@ -559,7 +556,8 @@ class UnitreeRobot:
         robot: ``"go2"``, ``"g1"`` (:data:`ROBOTS`) or a :class:`UnitreeModel` (your motor map).
         runner: the :class:`~legion.sim2real.deploy.PolicyRunner` (its metadata: joint names and PD
             gains; its observation: which state fields to provide).
-        domain: the DDS domain (the robot: 0; ``legion bridge`` and unitree_mujoco: 1).
+        domain: the DDS domain (Unitree's robots: 0; unitree_mujoco: 1; ``legion bridge``: its
+            ``domain``, 0 by default).
         interface: the network interface the robot is on (e.g. ``enp2s0``), ``lo`` for a simulator
             on this computer, ``None``: CycloneDDS chooses.
         timeout_s: how long to wait at start for the robot's state.
@@ -574,9 +572,9 @@ class UnitreeRobot:
     def __init__(self, robot: str | UnitreeModel, runner, domain: int = 0, interface: str | None = None,
                  timeout_s: float = 2.0, now: Callable[[], float] = time.monotonic,
                  damping_kd: float | None = None):
-        model = ROBOTS[robot] if isinstance(robot, str) else robot
         if isinstance(robot, str) and robot not in ROBOTS:
             raise ValueError(f"robot={robot}: known Unitree robots are {sorted(ROBOTS)}")
+        model = ROBOTS[robot] if isinstance(robot, str) else robot
         self.model, self.now = model, now
         meta = runner.metadata
         self.motors = motor_order(model, meta["joint_names"])
@@ -696,6 +694,9 @@ def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = 
     from legion.sim2real.deploy.loop import ControlLoop, SafetyConfig
     from legion.sim2real.deploy.policy import PolicyRunner
 
+    if confirm and not sys.stdin.isatty():
+        raise ValueError("confirm=true waits for Enter at a terminal, and stdin is none: run it in a terminal, or "
+                         "pass confirm=false (no prompts: a simulated robot, a scripted run)")
     runner = PolicyRunner(Path(folder) / "policy.onnx")
     unitree = UnitreeRobot(robot, runner, domain, interface)
     safety = safety or SafetyConfig()
@@ -704,7 +705,10 @@ def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = 
         f"{interface or 'auto'}; policy {runner.policy.path} at {1 / dt:.0f} Hz")
 
     def enter_pressed() -> bool:
-        return bool(select.select([sys.stdin], [], [], 0)[0]) and sys.stdin.readline() is not None
+        if select.select([sys.stdin], [], [], 0)[0]:
+            sys.stdin.readline()
+            return True
+        return False
 
     def paced(seconds: float | None, action: Callable[[float], None], until_enter: bool) -> None:
         """``action(t)`` every control period for ``seconds`` (or until Enter), on fresh states only."""
@@ -742,14 +746,14 @@ def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = 
             + (f", for {duration_s:g} s" if duration_s else ", until Ctrl-C"))
         with TrajectoryLog(log_dir, runner) if log_dir else nullcontext() as log:
             loop = ControlLoop(unitree, runner, safety=safety, logger=log)
-            steps_per_status, done = max(1, round(1.0 / dt)), 0
+            steps_per_status, done, started = max(1, round(1.0 / dt)), 0, time.perf_counter()
             total = None if duration_s is None else round(duration_s / dt)
             while loop.stopped is None and (total is None or done < total):
                 chunk = steps_per_status if total is None else min(steps_per_status, total - done)
                 summary = loop.run(chunk, np.asarray(command, np.float32))
                 done += chunk
                 say(f"[deploy] {'stopped' if loop.stopped else 'policy'} {done * dt:6.1f} s | "
-                    f"{len(loop.stats.latency) / max(1e-9, done * dt):.1f} Hz | deadline misses {summary['misses']} | "
+                    f"{done / (time.perf_counter() - started):.1f} Hz | deadline misses {summary['misses']} | "
                     f"latency p50 {summary['latency_p50_us']:.0f} us p99 {summary['latency_p99_us']:.0f} us | "
                     f"holds {summary['hold']} | LowCmd sent {unitree.sent}")
             stopped = loop.stopped
