@@ -190,6 +190,10 @@ error of (v_x, v_y) and yaw rate, falls, survival time, tracking return.
                      then the two columns agree to ~1e-6 and check the export and the runtime end to end
   realtime=true      pace the MuJoCo loop at the control rate (deadline stats then mean wall time)
   json=PATH          also write the table as JSON
+  robustness=true    also run the MuJoCo robot under each condition of sim2sim.ROBUSTNESS, alone and
+                     combined: floor friction 0.25 and 0.4, base mass +-20%, kp -20%, actuator
+                     latency 20 and 40 ms, sensor noise (legged_gym's), pushes of 0.5 m/s every 3 s;
+                     one line each: falls and tracking error
 """
 
 ROBOT_HELP = """usage: legion robot inspect <file> [out=DIR] [robot=NAME|FILE.yaml] [overwrite=true]
@@ -553,7 +557,7 @@ def sim2sim(args: list[str]) -> None:
         return
     run, options, overrides = parse_run_args(args, SIM2SIM_HELP, {
         "checkpoint": None, "onnx": None, "duration_s": "10", "commands": json.dumps(s2s.DEFAULT_COMMANDS),
-        "realtime": "false", "json": None, "physics": "mjcf"})
+        "realtime": "false", "json": None, "physics": "mjcf", "robustness": "false"})
     try:
         commands = json.loads(options["commands"])
     except ValueError as e:
@@ -563,14 +567,18 @@ def sim2sim(args: list[str]) -> None:
         raise UsageError(f"physics={options['physics']}: choose physics=mjcf or physics=matched.")
     result = s2s.compare(run, options["checkpoint"], Path(options["onnx"]) if options["onnx"] else None,
                          _number("duration_s", options["duration_s"], float), commands, options["physics"],
-                         options["realtime"].lower() == "true", overrides)
+                         options["realtime"].lower() == "true", overrides, _flag("robustness", options["robustness"]))
     print(f"[legion] sim2sim {result['onnx']}: {len(result['newton'])} commands x "
           f"{result['steps'] * result['control_dt']:g} s "
           f"({result['steps']} control steps of {result['control_dt']:g} s), MuJoCo physics={options['physics']}")
     print(s2s.table(result))
+    if "robustness" in result:
+        print(f"\nThe MuJoCo robot under each condition ({len(commands)} commands; falls; tracking error "
+              "[m/s, rad/s]):")
+        print(s2s.robustness_table(result))
     if options["json"]:
-        Path(options["json"]).write_text(json.dumps({k: result[k] for k in ("newton", "mujoco", "mean", "loop")},
-                                                    indent=2))
+        keys = ("newton", "mujoco", "mean", "loop", "robustness")
+        Path(options["json"]).write_text(json.dumps({k: result[k] for k in keys if k in result}, indent=2))
 
 
 def robot(args: list[str]) -> None:

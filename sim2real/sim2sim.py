@@ -16,6 +16,7 @@ one function for both engines. Everything task-specific comes from the exported 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -116,26 +117,93 @@ def trained_mujoco_model(env):
     return env.sim.solver.mujoco_model()
 
 
+@dataclass
+class Perturbation:
+    """A robustness condition of the MuJoCo robot (:data:`ROBUSTNESS`); the defaults are nominal."""
+
+    name: str = "nominal"
+    friction: float | None = None  # floor friction of every contact (None: the model's own)
+    base_mass: float = 1.0  # the base's mass and inertia, times
+    stiffness: float = 1.0  # every joint's kp, times
+    latency_s: float = 0.0  # from a target's write to its effect [s], whole control steps
+    noise: float = 0.0  # sensor noise, times SENSOR_NOISE (uniform, +-)
+    push_mps: float = 0.0  # a horizontal base velocity kick [m/s] every PUSH_EVERY_S, random direction
+
+
+# legged_gym's observation noise (uniform half-widths; DESIGN.md), applied to what the robot reports.
+SENSOR_NOISE = {"joint_pos": 0.01, "joint_vel": 1.5, "base_lin_vel": 0.1, "base_ang_vel": 0.2}
+PUSH_EVERY_S = 3.0
+ROBUSTNESS = [
+    Perturbation(), Perturbation("friction 0.25", friction=0.25), Perturbation("friction 0.4", friction=0.4),
+    Perturbation("base mass +20%", base_mass=1.2), Perturbation("base mass -20%", base_mass=0.8),
+    Perturbation("kp -20%", stiffness=0.8), Perturbation("latency 20 ms", latency_s=0.02),
+    Perturbation("latency 40 ms", latency_s=0.04), Perturbation("sensor noise", noise=1.0),
+    Perturbation("pushes 0.5 m/s", push_mps=0.5),
+    Perturbation("combined", friction=0.4, base_mass=1.2, latency_s=0.04, noise=1.0),
+]
+
+
+class PerturbedRobot:
+    """A :class:`MuJoCoRobot` as the control loop sees it under a :class:`Perturbation`: noisy
+    sensors, targets that act ``latency_s`` late, pushes; the physical changes are made to the
+    robot's model here once."""
+
+    def __init__(self, robot, perturbation: Perturbation, control_dt: float, seed: int = 0):
+        self.robot, self.p = robot, perturbation
+        if perturbation.friction is not None:
+            robot.set_floor_friction(perturbation.friction)
+        robot.scale_base_mass(perturbation.base_mass)
+        robot.scale_stiffness(perturbation.stiffness)
+        self.delay = round(perturbation.latency_s / control_dt)
+        self.push_every = max(1, round(PUSH_EVERY_S / control_dt))
+        self.rng = np.random.default_rng(seed)
+        self.reset()
+
+    def reset(self) -> None:
+        self.robot.reset()
+        self.pending: list[np.ndarray] = []  # targets written, not yet acting
+        self.writes = 0
+
+    def read_state(self) -> dict:
+        state = self.robot.read_state()
+        for key, width in SENSOR_NOISE.items():
+            if self.p.noise:
+                noise = self.rng.uniform(-width, width, state[key].shape) * self.p.noise
+                state[key] = (state[key] + noise).astype(np.float32)
+        return state
+
+    def write_targets(self, joint_pos_targets: np.ndarray) -> None:
+        self.pending.append(np.array(joint_pos_targets))
+        acting = self.pending.pop(0) if len(self.pending) > self.delay else self.robot.targets
+        self.writes += 1
+        if self.p.push_mps and self.writes % self.push_every == 0:
+            angle = self.rng.uniform(0, 2 * np.pi)
+            self.robot.data.qvel[0:2] += self.p.push_mps * np.array([np.cos(angle), np.sin(angle)])
+        self.robot.write_targets(acting)
+
+
 def run_mujoco(model, onnx_path: Path, commands: np.ndarray, steps: int, realtime: bool,
-               options: dict) -> tuple[list[dict], dict]:
+               options: dict, perturbation: Perturbation | None = None) -> tuple[list[dict], dict]:
     """One episode per command on the MuJoCo robot (``model``: an MJCF path or an MjModel) through
-    the edge runtime's control loop; ``options``: MuJoCo solver options (see :class:`MuJoCoRobot`)."""
+    the edge runtime's control loop; ``options``: MuJoCo solver options (see :class:`MuJoCoRobot`);
+    ``perturbation``: a robustness condition (default: nominal)."""
     from legion.sim2real.deploy import ControlLoop, PolicyRunner
     from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
 
     runner = PolicyRunner(onnx_path)
     meta = runner.metadata
-    robot = MuJoCoRobot(model, meta, floor_friction=meta.get("ground_friction") or 1.0, options=options)
-    falls = FallDetector(robot, meta["fall"])
+    plain = MuJoCoRobot(model, meta, options=options)
+    robot = PerturbedRobot(plain, perturbation or Perturbation(), runner.control_dt)
+    falls = FallDetector(plain, meta["fall"])
     results, latency, summary = [], [], {}
     for command in commands:
         robot.reset()
         runner.reset()
-        loop = ControlLoop(robot, runner, now=robot.time, realtime=realtime)
+        loop = ControlLoop(robot, runner, now=plain.time, realtime=realtime)
         lin, ang, fell_at = [], [], None
         for t in range(steps):
             loop.step(command)
-            state = robot.read_state()
+            state = plain.read_state()  # the truth, for the metrics
             lin.append(state["base_lin_vel"])
             ang.append(state["base_ang_vel"])
             if loop.stopped or falls(state):
@@ -159,14 +227,17 @@ def mean_row(rows: list[dict]) -> dict:
 
 
 def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: float = 10.0,
-            commands=DEFAULT_COMMANDS, physics: str = "mjcf", realtime: bool = False, overrides=()) -> dict:
+            commands=DEFAULT_COMMANDS, physics: str = "mjcf", realtime: bool = False, overrides=(),
+            robustness: bool = False) -> dict:
     """``legion sim2sim`` as a function: the exported policy in Newton and in plain MuJoCo.
 
     Exports the run (into ``<run>/exported``) unless ``onnx`` names a ``policy.onnx``. Every env
     starts like the MuJoCo robot (default pose, level, at rest) with the model's own physical
     parameters: every event term (reset perturbations, randomization, pushes) is off. Returns
     ``{"newton": rows, "mujoco": rows, "mean": {...}, "loop": control-loop statistics, "steps",
-    "control_dt", "onnx"}``; raises ValueError (and the load/export errors) for a bad request.
+    "control_dt", "onnx"}``, and with ``robustness`` the MuJoCo robot's mean row under each
+    :data:`ROBUSTNESS` condition (``"robustness"``: condition name -> row, the forward command's
+    error added); raises ValueError (and the load/export errors) for a bad request.
     """
     from legion.api import load_run
     from legion.configs import load_run_config
@@ -194,9 +265,26 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     steps = int(round(min(duration_s, settings.task.episode_length_s) / env.step_dt))
     newton = run_newton(env, policy, commands, steps)
     mujoco_rows, loop = run_mujoco(model, Path(onnx), commands, steps, realtime, options)
-    return {"newton": newton, "mujoco": mujoco_rows,
-            "mean": {"newton": mean_row(newton), "mujoco": mean_row(mujoco_rows)},
-            "loop": loop, "steps": steps, "control_dt": env.step_dt, "onnx": str(onnx)}
+    result = {"newton": newton, "mujoco": mujoco_rows,
+              "mean": {"newton": mean_row(newton), "mujoco": mean_row(mujoco_rows)},
+              "loop": loop, "steps": steps, "control_dt": env.step_dt, "onnx": str(onnx)}
+    if robustness:
+        result["robustness"] = {}
+        for condition in ROBUSTNESS:
+            rows, _ = run_mujoco(model, Path(onnx), commands, steps, realtime, options, condition)
+            result["robustness"][condition.name] = {**mean_row(rows), "forward_error": rows[0]["vel_error_xy"]}
+    return result
+
+
+def robustness_table(result: dict) -> str:
+    """What ``legion sim2sim robustness=true`` adds: one line per condition (MuJoCo robot)."""
+    n = len(result["mujoco"])
+    lines = [f"{'condition':18s} | {'falls':>7s} | {'first command err_xy':>20s} | {'mean err_xy':>11s} | "
+             f"{'mean err_wz':>11s}"]
+    for name, r in result["robustness"].items():
+        lines.append(f"{name:18s} | {r['fell']:>3d} / {n:<2d} | {r['forward_error']:20.3f} | "
+                     f"{r['vel_error_xy']:11.3f} | {r['yaw_rate_error']:11.3f}")
+    return "\n".join(lines)
 
 
 def table(result: dict) -> str:

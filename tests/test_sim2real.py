@@ -577,7 +577,7 @@ def test_sim2sim_matched_physics_reproduces_newton(trained, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
     result = legion("sim2sim", f"run={run}", "duration_s=0.4", "commands=[[0.5,0,0],[0,0,0.5]]", "physics=matched",
-                    f"json={tmp_path / 'sim2sim.json'}", cwd=tmp_path)
+                    f"json={tmp_path / 'sim2sim.json'}", "robustness=true", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Newton (training engine)" in result.stdout and "MuJoCo C (edge runtime)" in result.stdout
     assert "(+0.5, +0.0, +0.0)" in result.stdout and "latency p50" in result.stdout
@@ -588,3 +588,36 @@ def test_sim2sim_matched_physics_reproduces_newton(trained, tmp_path):
             assert newton[key] == pytest.approx(mujoco[key], abs=1e-3), key
     assert table["mean"]["newton"]["vel_error_xy"] > 0.05  # the commands were not met: a real comparison
     assert table["loop"]["ticks"] == 40 and (run / "exported" / "policy.onnx").is_file()
+    # robustness=true: one line per condition; the nominal one is the MuJoCo column's mean again
+    from legion.sim2real.sim2sim import ROBUSTNESS
+
+    assert list(table["robustness"]) == [c.name for c in ROBUSTNESS]
+    assert "latency 40 ms" in result.stdout and "combined" in result.stdout
+    assert table["robustness"]["nominal"]["vel_error_xy"] == pytest.approx(table["mean"]["mujoco"]["vel_error_xy"])
+    assert table["robustness"]["latency 40 ms"]["vel_error_xy"] != table["robustness"]["nominal"]["vel_error_xy"]
+
+
+def test_sim2sim_perturbations_act_on_the_mujoco_robot(trained):
+    """Each robustness condition changes what it names: a floor slipperier than the feet (MuJoCo
+    would take the larger friction), targets that act one write late, noisy sensors, a heavier base."""
+    from legion.sim2real.deploy import PolicyRunner
+    from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
+    from legion.sim2real.sim2sim import SENSOR_NOISE, Perturbation, PerturbedRobot
+
+    runner = PolicyRunner(trained["out"] / "policy.onnx")
+    robot = MuJoCoRobot(ROOT / "tasks" / "assets" / "quadruped.xml", runner.metadata)
+    mass = robot.model.body_mass[robot.model.jnt_bodyid[0]]
+    perturbed = PerturbedRobot(robot, Perturbation(friction=0.1, base_mass=1.2, latency_s=0.02, noise=1.0),
+                               runner.control_dt)
+    assert robot.model.body_mass[robot.model.jnt_bodyid[0]] == pytest.approx(1.2 * mass)
+    default = np.asarray(runner.metadata["default_joint_pos"])
+    first, second = default + 0.1, default - 0.1
+    perturbed.write_targets(first)
+    assert np.allclose(robot.targets, default)  # the first write is not acting yet
+    perturbed.write_targets(second)
+    assert np.allclose(robot.targets, first)  # one control step (20 ms) late
+    assert robot.data.ncon > 0 and all(robot.data.contact[i].friction[0] == pytest.approx(0.1)
+                                       for i in range(robot.data.ncon))
+    truth, seen = robot.read_state(), perturbed.read_state()
+    difference = np.abs(seen["joint_vel"] - truth["joint_vel"])
+    assert 0 < difference.max() <= SENSOR_NOISE["joint_vel"]

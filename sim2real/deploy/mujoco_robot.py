@@ -17,6 +17,7 @@ torque-speed line), written into ``qfrc_applied``.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import mujoco
@@ -64,16 +65,18 @@ class MuJoCoRobot:
             ``.mjb`` written by ``legion export`` or a ``mujoco.MjModel`` (Newton's, see the module
             docstring; these bring their own ground).
         metadata: the exported policy's metadata (``PolicyRunner.metadata``).
-        floor_friction: sliding friction of the floor added to an MJCF.
+        floor_friction: sliding friction of every contact with the ground (:meth:`set_floor_friction`);
+            None: the model's own contacts (an MJCF's added floor has 1.0, and MuJoCo takes the
+            larger of a contact's two; Newton's model gives the robot's friction, as in training).
         options: MuJoCo ``<option>`` values to set, e.g. ``{"integrator": "implicitfast",
             "iterations": 10, "ls_iterations": 10}`` (Newton SolverMuJoCo's defaults are
             implicitfast, pyramidal cone, Newton solver).
     """
 
-    def __init__(self, source, metadata: dict, floor_friction: float = 1.0, options: dict | None = None):
+    def __init__(self, source, metadata: dict, floor_friction: float | None = None, options: dict | None = None):
         where = source if isinstance(source, (str, Path)) else "the training model"
         if isinstance(source, mujoco.MjModel):
-            compiled = source
+            compiled = copy.copy(source)  # (options and perturbations edit it)
         elif Path(source).suffix == ".mjb":
             compiled = mujoco.MjModel.from_binary_path(str(source))
         else:
@@ -82,7 +85,7 @@ class MuJoCoRobot:
             floor.name, floor.type, floor.size = "legion_floor", mujoco.mjtGeom.mjGEOM_PLANE, [0.0, 0.0, 1.0]
             # The robot's geoms have conaffinity 0 (no self-collision): the floor must have 1 to touch them.
             floor.contype, floor.conaffinity = 1, 1
-            floor.friction = [floor_friction, 0.005, 0.0001]  # Newton's ground: mu, torsional, rolling
+            floor.friction = [1.0, 0.005, 0.0001]  # Newton's ground: mu, torsional, rolling
             compiled = spec.compile()
         self.model = model = _with_options(compiled, options)
         model.opt.timestep = metadata["physics_dt"]
@@ -119,7 +122,32 @@ class MuJoCoRobot:
             model.actuator_biasprm[self.actuator_ids, 1] = -kp
             model.actuator_biasprm[self.actuator_ids, 2] = -kd
         self.targets = np.asarray(metadata["default_joint_pos"], np.float64)
+        if floor_friction is not None:
+            self.set_floor_friction(floor_friction)
         self.reset()
+
+    def set_floor_friction(self, mu: float) -> None:
+        """Sliding friction ``mu`` for every contact with a ground plane: the planes get a contact
+        priority above every other geom, so their friction is the contact's (MuJoCo otherwise takes
+        the larger of the two geoms', and a floor could not be slipperier than the feet)."""
+        m = self.model
+        planes = m.geom_type == mujoco.mjtGeom.mjGEOM_PLANE
+        m.geom_friction[planes, 0] = mu
+        m.geom_priority[planes] = m.geom_priority.max() + 1
+
+    def scale_stiffness(self, scale: float) -> None:
+        """Every joint's PD stiffness (kp) times ``scale``, as motors weaker or stronger than modelled."""
+        if self.explicit_pd:
+            self.gains = (self.gains[0] * scale, *self.gains[1:])
+        else:
+            self.model.actuator_gainprm[self.actuator_ids, 0] *= scale
+            self.model.actuator_biasprm[self.actuator_ids, 1] *= scale
+
+    def scale_base_mass(self, scale: float) -> None:
+        """The floating base's mass and inertia times ``scale`` (a payload, or a lighter build)."""
+        base = self.model.jnt_bodyid[0]
+        self.model.body_mass[base] *= scale
+        self.model.body_inertia[base] *= scale
 
     def body_contact_force(self, body_ids: list[int]) -> float:
         """Largest contact force norm [N] on any of the given bodies."""
