@@ -3,7 +3,7 @@
 For each pair (task: authored robot vs real robot), two envs of the same size step in turns, 10
 steps at a time (so a busy machine slows both alike), with the same random actions: env-steps/s
 of each, the real robot's share of the authored one's, and the contacts per robot MuJoCo Warp
-made at the last step (the cost that grows with mesh colliders).
+made at the last step (the cost that grows with mesh colliders; sim.backend=warp only).
 
     python bench/robots.py [--num-envs 256] [--steps 100] [--device cpu|cuda:0]
 """
@@ -17,8 +17,12 @@ from common import compose, make_env, print_table, torch, write_json
 PAIRS = [("quadruped_flat", "quadruped", "go2"), ("biped_flat", "biped", "g1"), ("arm_reach", "arm", "panda")]
 
 
-def contacts_per_robot(env) -> float:
-    return int(env.sim.solver.solver.mjw_data.nacon.numpy()[0]) / env.num_envs
+def contacts_per_robot(env) -> float | None:
+    """MuJoCo Warp's contact count over the robots; None on the C backend, which keeps none (MuJoCo
+    Warp's data there holds the state, not the contacts)."""
+    if env.sim.backend == "c":
+        return None
+    return round(int(env.sim.solver.solver.mjw_data.nacon.numpy()[0]) / env.num_envs, 1)
 
 
 def measure(task: str, robots: tuple[str, str], num_envs: int, steps: int, device: str, chunk: int = 10) -> dict:
@@ -37,8 +41,8 @@ def measure(task: str, robots: tuple[str, str], num_envs: int, steps: int, devic
     return {"task": task, "num_envs": num_envs, "authored (env-steps/s)": f"{authored}: {rate[authored]:,.0f}",
             "real (env-steps/s)": f"{real}: {rate[real]:,.0f}",
             "real / authored": round(rate[real] / rate[authored], 3),
-            "contacts per robot (authored, real)": (round(contacts_per_robot(envs[authored]), 1),
-                                                    round(contacts_per_robot(envs[real]), 1))}
+            "backend": envs[real].sim.backend,
+            "contacts per robot (authored, real)": (contacts_per_robot(envs[authored]), contacts_per_robot(envs[real]))}
 
 
 def main():

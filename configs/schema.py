@@ -169,6 +169,7 @@ class ObservationTerm:
     scale: Any = 1.0  # one factor, or one per element
     noise: float = 0.0  # uniform noise half-width in the term's units (training only)
     clip: Optional[float] = None  # clip to [-clip, clip] before scaling
+    enabled: bool = True  # false: the group leaves it out (a variant that drops an inherited term)
 
 
 @dataclass

@@ -8,7 +8,8 @@ import torch
 
 from conftest import SMALL_TERRAIN, export_untrained_run, lockstep_errors, make_env, make_runner, short_training
 
-TASKS = {"quadruped_rough": ("task=quadruped_rough", *SMALL_TERRAIN), "biped_flat": ("task=biped_flat",)}
+TASKS = {"quadruped_rough": ("task=quadruped_rough", *SMALL_TERRAIN), "biped_flat": ("task=biped_flat",),
+         "quadruped_flat_deployable": ("task=quadruped_flat_deployable",)}
 
 
 @pytest.fixture(scope="module", params=list(TASKS))
@@ -52,6 +53,10 @@ def test_each_task_builds_steps_exports_and_runs_in_the_edge_runtime(exported):
     if scans:
         assert len(meta["height_scan"]["points"]) == 17 * 11 and meta["height_scan"]["offset"] == 0.5
         assert meta["observation"]["size"] == 48 + 187
+    if exported["task"] == "quadruped_flat_deployable":  # what a robot measures; the critic keeps the rest
+        assert "base_lin_vel" not in runtime.state_keys and meta["observation"]["size"] == 48 - 3
+        assert "base_lin_vel" in [t.name for t in env.observation_manager.terms["critic"]]
+        assert exported["cfg"].task.events["action_delay"].enabled
     errors = lockstep_errors(env, actor, runtime, lambda env: robot_state(env, 0, meta), steps=10)
     assert max(errors.values()) <= 1e-5, errors
     if scans:

@@ -29,7 +29,7 @@ class ObservationManager:
         self.env = env
         self.terms = {
             group: [mdp.resolve(env, "observations", name, term, f"task.observations.{group}.{name}")
-                    for name, term in terms.items()]
+                    for name, term in terms.items() if term.enabled]
             for group, terms in cfg.items()
         }
 
