@@ -24,7 +24,8 @@ What :class:`UnitreeRobot` does:
   ``timestamp`` is when the message arrived, on the loop's clock: a robot that stops publishing
   ages it, and the control loop holds, then stops. A policy that reads base_lin_vel or
   base_pos gets them from ``rt/sportmodestate`` (Unitree's state estimate, world frame, rotated
-  into the base frame here); no Unitree topic carries a height scan (refused at start).
+  into the base frame here; required at start then, else added whenever the robot publishes it);
+  no Unitree topic carries a height scan (refused at start).
 - Command: ``rt/lowcmd`` with the targets, the policy's PD gains, dq = tau = 0, and the CRC.
 - Damping (the control loop's stop): kp = 0, kd = ``damping_kd`` on every motor, sent every tick.
 - Start: refused without a fresh, valid ``rt/lowstate`` (and ``rt/sportmodestate`` if needed)
@@ -588,13 +589,14 @@ class UnitreeRobot:
         state_type, cmd_type = model.messages
         self.participant = participant(domain, interface)
         self.lowstate = Latest(self.participant, LOWSTATE, state_type, now)
-        self.sport = (Latest(self.participant, SPORTSTATE, SportModeState, now)
-                      if needs & {"base_lin_vel", "base_pos"} else None)
+        # The state estimate: required if the policy reads it, else logged whenever the robot publishes it.
+        self.sport = Latest(self.participant, SPORTSTATE, SportModeState, now)
+        self.sport_required = bool(needs & {"base_lin_vel", "base_pos"})
         self.writer = DataWriter(self.participant, Topic(self.participant, LOWCMD, cmd_type))
         self.cmd = cmd_type()
         self.sent = 0
         where = f"on DDS domain {domain}, interface {interface or 'auto'}"
-        for latest in (self.lowstate, self.sport):
+        for latest in (self.lowstate, self.sport if self.sport_required else None):
             if latest is not None and not latest.wait(timeout_s):
                 self.close()
                 raise TimeoutError(f"no {latest.topic} within {timeout_s:g} s {where}: is the robot (or `legion "
@@ -620,11 +622,12 @@ class UnitreeRobot:
                  "timestamp": arrived}
         if self.model.family == "go":
             state["foot_force"] = np.array(msg.foot_force, np.float32)
-        if self.sport is not None:
-            sport, sport_arrived = self.sport.newest
+        sport, sport_arrived = self.sport.newest
+        if sport is not None:
             state["base_lin_vel"] = quat_rotate_inverse(state["base_quat"], np.array(sport.velocity, np.float32))
             state["base_pos"] = np.array(sport.position, np.float32)
-            state["timestamp"] = min(arrived, sport_arrived)  # as old as the older of the two
+            if self.sport_required:
+                state["timestamp"] = min(arrived, sport_arrived)  # as old as the older of the two
         bad = [k for k, v in state.items() if not np.all(np.isfinite(v))]
         if bad:
             raise StateError(f"non-finite values in {LOWSTATE}: {bad}")
@@ -652,9 +655,8 @@ class UnitreeRobot:
 
     def close(self) -> None:
         """Stops the reader threads (the DDS entities go with the object)."""
-        for latest in (self.lowstate, self.sport):
-            if latest is not None:
-                latest.close()
+        self.lowstate.close()
+        self.sport.close()
 
 
 # --- legion deploy ---------------------------------------------------------------------------------
