@@ -74,7 +74,7 @@ class UnitreeBridge:
             raise ValueError(f"{folder}/robot.mjb drives its joints with MuJoCo actuators; the bridge applies the "
                              "motor commands itself (export the run again with this version of legion).")
         model = self.sim.model
-        self.feet = [find_id(model, mujoco.mjtObj.mjOBJ_BODY, f"{leg}_foot", "body")  # foot_force's order
+        self.feet = [find_id(model, mujoco.mjtObj.mjOBJ_BODY, f"{leg}_foot")  # foot_force's order
                      for leg in ("FR", "FL", "RR", "RL")]
         self.gravity = np.array(model.opt.gravity)
         self.faults: set[str] = set()

@@ -94,10 +94,10 @@ class FallDetector:
     def __init__(self, robot, fall: dict):
         import mujoco
 
-        self.robot = robot
         from legion.sim2real.deploy.mujoco_robot import find_id
 
-        self.body_ids = [find_id(robot.model, mujoco.mjtObj.mjOBJ_BODY, b, "body") for b in fall["contact_bodies"]]
+        self.robot = robot
+        self.body_ids = [find_id(robot.model, mujoco.mjtObj.mjOBJ_BODY, b) for b in fall["contact_bodies"]]
         self.threshold, self.min_height = fall["contact_threshold"], fall["min_base_height"]
 
     def __call__(self, state: dict) -> bool:

@@ -45,14 +45,14 @@ def pd_torque(q_target, q, dq, kp, kd, effort_limit, saturation=None, velocity_l
     return np.clip(tau, low, high)
 
 
-def find_id(model, objtype, name: str, what: str = "joint") -> int:
+def find_id(model, objtype, name: str) -> int:
     """The id of ``name``, or of the one object whose name ends with ``_name`` or ``/name``
     (Newton prefixes the names it imports with the model's, e.g. ``go2_description_FL_hip_joint``);
     -1 if none or several."""
     exact = mujoco.mj_name2id(model, objtype, name)
     if exact >= 0:
         return exact
-    count = {"joint": model.njnt, "body": model.nbody}[what]
+    count = {mujoco.mjtObj.mjOBJ_JOINT: model.njnt, mujoco.mjtObj.mjOBJ_BODY: model.nbody}[objtype]
     found = [i for i in range(count) if (mujoco.mj_id2name(model, objtype, i) or "").endswith((f"_{name}", f"/{name}"))]
     return found[0] if len(found) == 1 else -1
 
