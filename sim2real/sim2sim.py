@@ -166,8 +166,8 @@ class PerturbedRobot:
 
     def read_state(self) -> dict:
         state = self.robot.read_state()
-        for key, width in SENSOR_NOISE.items():
-            if self.p.noise:
+        if self.p.noise:
+            for key, width in SENSOR_NOISE.items():
                 noise = self.rng.uniform(-width, width, state[key].shape) * self.p.noise
                 state[key] = (state[key] + noise).astype(np.float32)
         return state
