@@ -5,7 +5,7 @@ steps at a time (so a busy machine slows both alike), with the same random actio
 of each, the real robot's share of the authored one's, and the contacts per robot MuJoCo Warp
 made at the last step (the cost that grows with mesh colliders; sim.backend=warp only).
 
-    python bench/robots.py [--num-envs 256] [--steps 100] [--device cpu|cuda:0]
+    python bench/robots.py [--num-envs 256] [--steps 100] [--device cpu|cuda:0] [--robots go2 g1 panda]
 """
 
 import argparse
@@ -50,8 +50,10 @@ def main():
     parser.add_argument("--num-envs", type=int, default=256)
     parser.add_argument("--steps", type=int, default=100, help="control steps per robot")
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
+    parser.add_argument("--robots", nargs="+", default=[real for _, _, real in PAIRS], help="real robots to measure")
     args = parser.parse_args()
-    rows = [measure(task, (authored, real), args.num_envs, args.steps, args.device) for task, authored, real in PAIRS]
+    rows = [measure(task, (authored, real), args.num_envs, args.steps, args.device)
+            for task, authored, real in PAIRS if real in args.robots]
     print_table(rows)
     print(f"wrote {write_json('robots', rows, steps=args.steps, device=args.device)}")
 
