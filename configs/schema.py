@@ -210,14 +210,19 @@ class EventTerm:
 @dataclass
 class Action:
     # joint_position: targets = default + scale * action | joint_position_delta: targets = previous
-    # targets + scale * action, within the joint limits | joint_effort: efforts = scale * action
+    # targets + scale * action, within the joint limits | joint_effort: efforts = scale * action |
+    # task_space: a body's pose (relative: moved by scale [m] and rotation_scale [rad] per unit per
+    # step; absolute: default pose + scale * action) through differential IK, plus a gripper
     type: str = "joint_position"
-    joints: str = ".*"  # the actuated joints this action drives (regex)
+    joints: str = ".*"  # the actuated joints this action drives (regex); task_space: the arm's
     scale: float = 1.0
     clip: Optional[float] = None  # clip the policy's output to [-clip, clip]
     # joint_position: clamp the targets to the joint limits, as a robot that rejects targets past
     # them does (a gripper's stroke); joint_position_delta always does
     clamp_to_limits: bool = False
+    # task_space: body (the controlled body, e.g. tcp), mode (relative | absolute), rotation_scale,
+    # damping (the IK's, [m]), max_error [m], gripper (joints regex; one action: > 0 open, < 0 close)
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -63,6 +63,7 @@ sim.num_envs: 16, or the run's if fewer).
 
 RECORD_HELP = """usage: legion record run=<run folder> [episodes=10] [out=FILE.h5] [checkpoint=PATH]
                      [video=true] [key=value ...]
+       legion record policy=scripted:<module>:<function> task=<task> [episodes=10] [out=FILE.h5] [key=value ...]
 
 Runs the run's policy (deterministic, observation noise off) and records the first `episodes`
 episodes to start (short failed episodes are not favoured) into an HDF5 trajectory file in
@@ -75,6 +76,10 @@ and the physical parameters it ran with; the resolved config, seed, robot model 
   episodes=N       how many episodes (default 10); sim.num_envs defaults to min(N, 16)
   video=true       also render each episode to <out stem>_videos/demo_<k>.mp4
   overwrite=true   replace an existing file (never replaced otherwise)
+  policy=scripted:<module>:<function>
+                   record a scripted policy instead of a run's: <function>(env) returns it, e.g. the
+                   arm_lift expert: policy=scripted:legion.tasks.manipulation.expert:lift task=arm_lift_ik
+                   (default out: trajectories/<task>_<date>.h5)
 Config keys can be overridden as in `legion play` (e.g. task.events.push.enabled=false).
 """
 
@@ -441,8 +446,24 @@ def record(args: list[str]) -> None:
     if any(a in ("-h", "--help") for a in args):
         print(RECORD_HELP)
         return
-    from legion.sim2real.trajectories.record import record_run
+    from legion.sim2real.trajectories.record import record_run, record_scripted
 
+    if any(a.startswith("policy=") for a in args):
+        options = {"policy": None, "episodes": "10", "out": None, "video": "false", "overwrite": "false"}
+        overrides = [a for a in args if a.partition("=")[0] not in options]
+        for key, _, value in (a.partition("=") for a in args):
+            if key in options:
+                options[key] = value
+        episodes = _number("episodes", options["episodes"])
+        task = next((o.split("=", 1)[1] for o in overrides if o.startswith("task=")), "task")
+        out = Path(options["out"] or f"trajectories/{task}_{datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}.h5")
+        video_dir = out.with_name(out.stem + "_videos") if _flag("video", options["video"]) else None
+        print(f"[legion] recording {episodes} episodes of {options['policy']} into {out}", flush=True)
+        overwrite = _flag("overwrite", options["overwrite"])
+        record_scripted(options["policy"], episodes, out, video_dir, overrides, overwrite,
+                        on_episode=_print_recorded_episode)
+        print(f"[legion] wrote {out}" + (f" and {video_dir}" if video_dir else ""), flush=True)
+        return
     run, options, overrides = parse_run_args(args, RECORD_HELP, {"checkpoint": None, "episodes": "10", "out": None,
                                                                  "video": "false", "overwrite": "false"})
     episodes = _number("episodes", options["episodes"])

@@ -364,6 +364,10 @@ def export_run(run: Path, checkpoint=None, out_dir: Path | None = None, steps: i
     from legion.api import load_run
 
     loaded = loaded or load_run(run, checkpoint, overrides)
+    if loaded.cfg.task.action.type == "task_space":
+        raise ValueError(f"{run}: its policy acts in task space (task.action.type=task_space), and the edge runtime "
+                         "turns joint-space actions into joint targets only; exporting the IK with the policy is not "
+                         "built yet (issue 30). Train the task with a joint-space action to deploy it.")
     actor = loaded.runner.ppo.get_policy()
     actor.eval()
     metadata = build_metadata(loaded, actor)

@@ -19,6 +19,7 @@ order; :mod:`legion.tasks.capture` records it as one CUDA graph.
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -91,8 +92,13 @@ class LegionEnv(VecEnv):
         action = task.action
         if action.type not in mdp.ACTIONS:
             raise ValueError(f"task.action.type: unknown '{action.type}'. Available: {sorted(mdp.ACTIONS)}")
+        accepted = inspect.signature(mdp.ACTIONS[action.type]).parameters
+        unknown = sorted(set(action.params) - set(accepted) | set(action.params) & {"env", "joints", "scale", "clip"})
+        if unknown:
+            raise ValueError(f"task.action.params: {unknown} not taken by type {action.type}; it takes "
+                             f"{sorted(set(accepted) - {'env', 'joints', 'scale', 'clip', 'clamp_to_limits'})}.")
         self.action = mdp.ACTIONS[action.type](self, joints=action.joints, scale=action.scale, clip=action.clip,
-                                                  clamp_to_limits=action.clamp_to_limits)
+                                                  clamp_to_limits=action.clamp_to_limits, **action.params)
         self.num_actions = self.action.dim
         self.command_manager = managers.CommandManager(self, task.command)
         self.command = self.command_manager.command

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from legion.tasks.env import LegionEnv
 
 # The view the action term writes its joint command into, per action type.
-TARGET_VIEWS = {"joint_position": "joint_pos_target", "joint_effort": "joint_effort"}
+TARGET_VIEWS = {"joint_position": "joint_pos_target", "joint_position_delta": "joint_pos_target",
+                "task_space": "joint_pos_target", "joint_effort": "joint_effort"}
 
 
 def state_views(env) -> dict[str, torch.Tensor]:
@@ -254,8 +255,6 @@ def record_run(run: Path, episodes: int, out: Path | None = None, video_dir: Pat
     ``on_episode(k, episode)`` is called after (printing). Existing outputs are refused unless
     ``overwrite``. Returns the loaded run (:class:`legion.api.LoadedRun`).
     """
-    from contextlib import ExitStack
-
     from legion.api import load_run, setup_process
 
     if out is not None:
@@ -266,27 +265,77 @@ def record_run(run: Path, episodes: int, out: Path | None = None, video_dir: Pat
     loaded = loaded or load_run(run, checkpoint, overrides, num_envs=min(episodes, 16))
     policy = loaded.runner.ppo.get_policy()
     policy.eval()
+    attrs = file_attrs(loaded.cfg, loaded.env, checkpoint=loaded.checkpoint) if out is not None else {}
+    write_episodes(loaded.cfg, loaded.env, policy, episodes, out, attrs, video_dir, overwrite, on_episode, size)
+    return loaded
+
+
+def write_episodes(cfg: Train, env, policy, episodes: int, out: Path | None, attrs: dict, video_dir: Path | None,
+                   overwrite: bool = False, on_episode=None, size: tuple[int, int] = (480, 640)) -> None:
+    """:func:`record`'s episodes into the trajectory file ``out`` (with ``attrs``) and/or rendered to
+    ``video_dir/demo_<k>.mp4``, each as it ends; ``on_episode(k, episode)`` after each."""
+    from contextlib import ExitStack
+
     with ExitStack() as stack:
         writer = renderer = videos = None
         if out is not None:
-            attrs = file_attrs(loaded.cfg, loaded.env, checkpoint=loaded.checkpoint)
             writer = stack.enter_context(TrajectoryWriter(out, attrs, overwrite=overwrite))
         if video_dir is not None:
             from legion.sim2real.trajectories import media
 
-            renderer = media.SceneRenderer(loaded.cfg, *size)
+            renderer = media.SceneRenderer(cfg, *size)
             stack.callback(renderer.close)
             videos = Path(video_dir)
             videos.mkdir(parents=True, exist_ok=True)
-        for k, episode in enumerate(record(loaded.env, policy, episodes)):
+        for k, episode in enumerate(record(env, policy, episodes)):
             if writer is not None:
                 writer.add(episode)
             if renderer is not None and videos is not None:
                 media.write_video(renderer, media.episode_frames(episode), videos / f"demo_{k}.mp4",
-                                  1.0 / loaded.env.step_dt, loaded.env.robot.joint_names)
+                                  1.0 / env.step_dt, env.robot.joint_names)
             if on_episode is not None:
                 on_episode(k, episode)
-    return loaded
+
+
+def scripted_policy(spec: str, env):
+    """The policy ``scripted:<module>:<function>`` names: ``function(env)`` returns a callable
+    observations -> actions (e.g. ``scripted:legion.tasks.manipulation.expert:lift``)."""
+    import importlib
+
+    kind, _, target = spec.partition(":")
+    module, _, name = target.partition(":")
+    if kind != "scripted" or not module or not name:
+        raise ValueError(f"policy={spec}: expected scripted:<module>:<function>, e.g. "
+                         "policy=scripted:legion.tasks.manipulation.expert:lift")
+    try:
+        make = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"policy={spec}: cannot load {module}:{name} ({e}).") from None
+    return make(env)
+
+
+def record_scripted(spec: str, episodes: int, out: Path | None, video_dir: Path | None = None, overrides=(),
+                    overwrite: bool = False, on_episode=None) -> Train:
+    """``legion record policy=scripted:...``: a scripted policy's episodes on the task the overrides
+    compose (``sim.num_envs`` default min(episodes, 16); observation noise off, as for a trained
+    run's). Returns the config."""
+    from legion.api import make_env, seed_everything, setup_process, validate
+    from legion.configs import compose
+
+    if out is not None:
+        refuse_existing(Path(out), overwrite)
+    setup_process()
+    if not any(o.startswith("sim.num_envs=") for o in overrides):
+        overrides = (*overrides, f"sim.num_envs={min(episodes, 16)}")
+    cfg = compose(*overrides)
+    validate(cfg)
+    seed_everything(cfg.seed)
+    env = make_env(cfg)
+    env.noise_enabled = False
+    policy = scripted_policy(spec, env)
+    attrs = {**file_attrs(cfg, env), "policy": spec} if out is not None else {}
+    write_episodes(cfg, env, policy, episodes, out, attrs, video_dir, overwrite, on_episode)
+    return cfg
 
 
 class TrainingRecorder:

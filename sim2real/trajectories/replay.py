@@ -229,6 +229,9 @@ class _Replay:
             env.sim.params_changed(*{name.rpartition("/")[2] for name in params if name != "action_delay"})
         self.write(initial)
         env.sim.reset(everyone)
+        # The action term's own state starts where an episode starts it (a delta action's targets,
+        # a task-space action's desired pose: from the joint positions just written).
+        env.action.reset(torch.ones(n, dtype=torch.bool, device=self.device))
         steps = torch.arange(self.horizon, device=self.device)
         if mode == "states":
             expected, active = starts, steps[:, None] < self.lengths

@@ -11,6 +11,8 @@ and rewards).
 
 import torch
 
+from legion.tasks.manipulation.ik import KinematicChain, axis_angle_matrix, dls, rotation_error
+
 
 class JointPositionAction:
     """Position-PD targets: ``target = default + scale * action``, clamped to the joint limits if
@@ -129,5 +131,82 @@ class JointEffortAction(JointPositionAction):
         return self.env.robot.joint_effort[:, self.joint_ids]
 
 
+class TaskSpaceAction(JointPositionAction):
+    """A body's pose (the tool centre point) commanded in the base frame and turned into the arm's
+    joint targets by damped-least-squares differential IK on the simulated arm's Jacobian
+    (:mod:`legion.tasks.manipulation.ik`), plus a gripper, as Isaac Lab's IK-relative tasks act.
+
+    Action: 3 position and 3 rotation-vector components, then one for the gripper if
+    ``gripper`` names its joints (> 0 opens: its joints' upper limits; < 0 closes: the lower).
+
+    - ``mode=relative``: the desired pose moves by ``scale`` [m] and ``rotation_scale`` [rad] per
+      unit of action per control step, from the pose an episode starts at;
+    - ``mode=absolute``: desired = default pose + ``scale`` * action (position), rotated by
+      ``rotation_scale`` * action (rotation vector).
+
+    Each control step the arm's targets become ``q + dls(J, error)``, clamped to the joint limits,
+    with the error from the desired pose to the reached one: the targets keep moving while the
+    pose is off (a sagging arm is driven up), and the desired position stays within ``max_error``
+    [m] of the reached one per axis, so a pose out of reach does not wind up.
+    """
+
+    def __init__(self, env, joints: str = ".*", scale: float = 0.02, clip: float | None = 1.0,
+                 clamp_to_limits: bool = True, body: str = "tcp", mode: str = "relative",
+                 rotation_scale: float = 0.05, damping: float = 0.05, max_error: float = 0.05,
+                 gripper: str | None = None):
+        if mode not in ("relative", "absolute"):
+            raise ValueError(f"task.action.params.mode: '{mode}'; use relative or absolute.")
+        super().__init__(env, joints, scale, clip, clamp_to_limits=True)
+        robot = env.robot
+        self.chain = KinematicChain(env.sim, robot, body)
+        driven = set(self.joint_ids.tolist())
+        missing = [robot.joint_names[i] for i in self.chain.joint_ids if i not in driven]
+        if missing:
+            raise ValueError(f"task.action.joints ('{joints}') leaves out {missing}, which move {self.chain.body}: "
+                             "task-space control drives every joint of the body's chain.")
+        self.arm_ids = torch.tensor(self.chain.joint_ids, dtype=torch.long, device=env.device)
+        self.gripper_ids = torch.tensor(robot.find_joints(gripper) if gripper else [], dtype=torch.long,
+                                        device=env.device)
+        self.joint_ids = torch.cat([self.arm_ids, self.gripper_ids])  # the joints whose targets it writes
+        self.mode, self.rotation_scale, self.damping, self.max_error = mode, rotation_scale, damping, max_error
+        dim = 6 + (len(self.gripper_ids) > 0)
+        self.actions = torch.zeros(env.num_envs, dim, device=env.device)
+        self.prev_actions = torch.zeros_like(self.actions)
+        self._history = self.actions[None].clone()
+        # The desired pose (base frame), and the one at the default joint positions (absolute mode's origin).
+        self.desired_pos, self.desired_rot, _ = self.chain(robot.default_joint_pos)
+        self.default_pos, self.default_rot = self.desired_pos.clone(), self.desired_rot.clone()
+
+    @property
+    def offset(self) -> torch.Tensor:
+        return torch.zeros_like(self.actions)
+
+    def apply(self, actions: torch.Tensor) -> None:
+        robot, arm = self.env.robot, self.arm_ids
+        action = self._delayed(actions)
+        q = robot.joint_pos
+        pos, rot, jacobian = self.chain(q)
+        if self.mode == "relative":
+            self.desired_pos.copy_(self.desired_pos + self.scale * action[:, :3])
+            self.desired_rot.copy_(axis_angle_matrix(self.rotation_scale * action[:, 3:6]) @ self.desired_rot)
+        else:
+            self.desired_pos.copy_(self.default_pos + self.scale * action[:, :3])
+            self.desired_rot.copy_(axis_angle_matrix(self.rotation_scale * action[:, 3:6]) @ self.default_rot)
+        self.desired_pos.copy_(pos + (self.desired_pos - pos).clamp(-self.max_error, self.max_error))
+        error = torch.cat([self.desired_pos - pos, rotation_error(self.desired_rot, rot)], -1)
+        targets = q[:, arm] + dls(jacobian, error, self.damping)
+        robot.joint_pos_target[:, arm] = targets.clamp(robot.joint_limits[arm, 0], robot.joint_limits[arm, 1])
+        if len(self.gripper_ids):
+            limits = robot.joint_limits[self.gripper_ids]
+            robot.joint_pos_target[:, self.gripper_ids] = torch.where(action[:, 6:7] > 0, limits[:, 1], limits[:, 0])
+
+    def reset(self, mask: torch.Tensor) -> None:
+        """Zero action history and, for the envs in ``mask``, the desired pose at the reached one."""
+        super().reset(mask)
+        pos, rot, _ = self.chain(self.env.robot.joint_pos)
+        self.desired_pos.copy_(torch.where(mask[:, None], pos, self.desired_pos))
+        self.desired_rot.copy_(torch.where(mask[:, None, None], rot, self.desired_rot))
+
+
 ACTIONS = {"joint_position": JointPositionAction, "joint_position_delta": JointPositionDeltaAction,
-           "joint_effort": JointEffortAction}
+           "joint_effort": JointEffortAction, "task_space": TaskSpaceAction}
