@@ -361,13 +361,26 @@ def _flag(name: str, value: str) -> bool:
     return value.lower() == "true"
 
 
-def _print_episode(k: int, episode_return: float, length: int, time_out: bool) -> None:
+def _print_episode(k: int, episode_return: float, length: int, time_out: bool, success: bool | None = None) -> None:
     cause = "time out" if time_out else "terminated"
-    print(f"episode {k + 1}: return {episode_return:8.3f}  length {length:5d}  ({cause})", flush=True)
+    outcome = "" if success is None else ", succeeded" if success else ", failed"
+    print(f"episode {k + 1}: return {episode_return:8.3f}  length {length:5d}  ({cause}{outcome})", flush=True)
 
 
-def _print_recorded_episode(k: int, episode) -> None:
-    _print_episode(k, episode.attrs["return"], episode.length, episode.attrs["time_out"])
+class _RecordedEpisodes:
+    """Prints each recorded episode as it ends; ``summary()`` gives the success count, if the task has one."""
+
+    def __init__(self):
+        self.successes = []
+
+    def __call__(self, k: int, episode) -> None:
+        success = episode.attrs.get("success")
+        if success is not None:
+            self.successes.append(bool(success))
+        _print_episode(k, episode.attrs["return"], episode.length, episode.attrs["time_out"], success)
+
+    def summary(self) -> str:
+        return f"; {sum(self.successes)} of {len(self.successes)} succeeded" if self.successes else ""
 
 
 def play(args: list[str]) -> None:
@@ -390,7 +403,7 @@ def play(args: list[str]) -> None:
         print(f"[legion] playing {run} for {episodes} episodes" + (f", recording into {out}" if out else "")
               + (f", videos into {video_dir}" if video else ""), flush=True)
         record_run(run, episodes, out, video_dir, options["checkpoint"], overrides, overwrite,
-                   on_episode=_print_recorded_episode)
+                   on_episode=_RecordedEpisodes())
         return
     loaded = api.load_run(run, options["checkpoint"], overrides)
     print(f"[legion] playing {loaded.checkpoint} on {loaded.env.num_envs} envs of {loaded.cfg.task.name}", flush=True)
@@ -459,10 +472,9 @@ def record(args: list[str]) -> None:
         out = Path(options["out"] or f"trajectories/{task}_{datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}.h5")
         video_dir = out.with_name(out.stem + "_videos") if _flag("video", options["video"]) else None
         print(f"[legion] recording {episodes} episodes of {options['policy']} into {out}", flush=True)
-        overwrite = _flag("overwrite", options["overwrite"])
-        record_scripted(options["policy"], episodes, out, video_dir, overrides, overwrite,
-                        on_episode=_print_recorded_episode)
-        print(f"[legion] wrote {out}" + (f" and {video_dir}" if video_dir else ""), flush=True)
+        overwrite, printed = _flag("overwrite", options["overwrite"]), _RecordedEpisodes()
+        record_scripted(options["policy"], episodes, out, video_dir, overrides, overwrite, on_episode=printed)
+        print(f"[legion] wrote {out}" + (f" and {video_dir}" if video_dir else "") + printed.summary(), flush=True)
         return
     run, options, overrides = parse_run_args(args, RECORD_HELP, {"checkpoint": None, "episodes": "10", "out": None,
                                                                  "video": "false", "overwrite": "false"})
@@ -472,9 +484,9 @@ def record(args: list[str]) -> None:
         run / "trajectories" / f"{datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}.h5"
     video_dir = out.with_name(out.stem + "_videos") if video else None
     print(f"[legion] recording {episodes} episodes of {run} into {out}", flush=True)
-    record_run(run, episodes, out, video_dir, options["checkpoint"], overrides, overwrite,
-               on_episode=_print_recorded_episode)
-    print(f"[legion] wrote {out}" + (f" and {video_dir}" if video else ""), flush=True)
+    printed = _RecordedEpisodes()
+    record_run(run, episodes, out, video_dir, options["checkpoint"], overrides, overwrite, on_episode=printed)
+    print(f"[legion] wrote {out}" + (f" and {video_dir}" if video else "") + printed.summary(), flush=True)
 
 
 def _file_args(args: list[str], help_text: str, options: dict) -> tuple[Path, dict]:

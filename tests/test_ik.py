@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import make_env
+from legion.sim2real.trajectories.file import TrajectoryFile
 from legion.sim2real.trajectories.record import record_scripted, scripted_policy
 from legion.sim2real.trajectories.replay import replay
 from legion.tasks.manipulation.ik import axis_angle_matrix, dls, rotation_error
@@ -97,6 +98,10 @@ def test_expert_demonstrations_are_recorded_and_replay_bit_for_bit(tmp_path):
     out = tmp_path / "demos.h5"
     record_scripted("scripted:legion.tasks.manipulation.expert:lift", 2, out,
                     overrides=("task=arm_lift_ik", "task.episode_length_s=1.0"))
+    with TrajectoryFile(out) as f:
+        assert f.attrs["policy"] == "scripted:legion.tasks.manipulation.expert:lift"
+        # a 1 s episode cannot hold the cube at its goal for the 1 s success needs
+        assert [f.episode(name).attrs["success"] for name in f.episodes] == [False, False]
     result = replay(out, "actions")
     assert result.bit_exact, result.report()
     assert result.replayed["robot/joint_pos"].shape[:2] == (2, 50)

@@ -171,7 +171,8 @@ def record(env, policy, episodes: int) -> Iterator[Episode]:
                 ready = [_episode(buffer[:int(step[i]), i].cpu().numpy(), steps, states,
                                   settings.unpack(start_params[i].cpu().numpy()),
                                   {"env_index": i, "time_out": bool(extras["time_outs"][i]),
-                                   "return": float(returns[i]), "params_changed": bool(params_changed[i])})
+                                   "return": float(returns[i]), "params_changed": bool(params_changed[i]),
+                                   **({"success": bool(env.success.last_succeeded[i])} if env.success else {})})
                          for i in (dones & chosen).nonzero().squeeze(-1).tolist()]
                 if hasattr(policy, "reset"):
                     policy.reset(dones)
