@@ -102,6 +102,14 @@ def build_behaviour_ppo(env: VecEnv, cfg: Agent, device: str, critic: bool = Tru
                device=device, **asdict(cfg.algorithm))
 
 
+def action_std(ppo: PPO) -> torch.Tensor:
+    """The actor's action std, the parameter itself (rsl-rl's GaussianDistribution, scalar std)."""
+    distribution = ppo.actor.distribution
+    if distribution is None or not hasattr(distribution, "std_param"):
+        raise TypeError("the actor has no Gaussian action distribution with a scalar std parameter")
+    return cast(torch.Tensor, distribution.std_param)
+
+
 def policy_state(ppo: PPO) -> dict:
     """Everything learned: networks with their normalizers, optimizer, learning rate.
 

@@ -27,9 +27,11 @@ from legion.agents.checkpoints import (
 from legion.agents.ppo import (
     RolloutBuffer,
     Stopped,
+    action_std,
     build_ppo,
     clone_tree,
     load_policy_state,
+    load_weights,
     nonfinite_rollout,
     policy_state,
     restore_if_nonfinite,
@@ -199,6 +201,18 @@ class Runner:
                   "(another device count, or an older checkpoint); they keep their current state.", flush=True)
         if "env" in checkpoint and hasattr(self.env, "load_state_dict"):
             self.env.load_state_dict(checkpoint["env"])
+
+    def init_from(self, path: str | Path) -> None:
+        """Starts from the networks and observation normalizers of another run's checkpoint
+        (``agent.init_from``, e.g. behaviour cloning's), not its iteration, optimizer or RNG; the
+        action std restarts at ``agent.actor.init_noise_std`` (cloning never trains it)."""
+        checkpoint = load_checkpoint(path)
+        try:
+            load_weights(self.ppo, checkpoint["policy"])
+        except (RuntimeError, KeyError) as e:
+            raise CheckpointError(f"agent.init_from={path} does not fit this task/agent config: {e}") from e
+        with torch.no_grad():
+            action_std(self.ppo).fill_(self.cfg.actor.init_noise_std)
 
     def _save_due(self, iteration: int) -> bool:
         """Every ``save_interval`` iterations, and every ``save_every_minutes`` minutes."""

@@ -21,6 +21,8 @@ The run itself (config, checkpoints, TensorBoard) goes to runs/<task>/<date>_lea
     python bench/learning.py --task quadruped_flat --minutes 45 --eval-every 9 robot=go2   # learning_quadruped_flat_go2
     python bench/learning.py --task quadruped_flat --minutes 20 --eval-every 2 --num-envs 1024 sim.backend=warp
     python bench/learning.py --task arm_lift --minutes 60 --eval-every 15 --episodes 100 --resume   # 60 min more
+    python bench/learning.py --task arm_lift_ik --mode dagger --num-envs 128 --minutes 8 --eval-every 2 \
+        --success-goal 0.9 agent.imitation.expert=scripted:legion.tasks.manipulation.expert:lift   # DAgger
 
 ``--resume`` continues the run that bench/results/learning_<task>.json records, with that run's
 config, from its newest checkpoint, for ``--minutes`` more of training: the clock, the env-steps
@@ -125,7 +127,8 @@ def main():
     parser.add_argument("--task", default="quadruped_flat")
     parser.add_argument("--minutes", type=float, default=90.0, help="training wall-clock budget")
     parser.add_argument("--eval-every", type=float, default=10.0, help="minutes of training between evaluations")
-    parser.add_argument("--mode", default="async", choices=("sync", "async"))
+    parser.add_argument("--mode", default="async", choices=("sync", "async", "bc", "dagger"),
+                        help="PPO (sync, async) or learning from demonstrations (bc, dagger: agent.imitation.*)")
     parser.add_argument("--num-envs", type=int, default=None, help="training envs (default: the task's)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
     parser.add_argument("--envs-per-command", type=int, default=16, help="evaluation envs per command")

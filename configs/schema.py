@@ -340,8 +340,24 @@ class VTrace:
 
 
 @dataclass
+class Imitation:
+    """Learning from demonstrations, ``agent.mode=bc | dagger`` (agents/imitation.py)."""
+
+    demos: list[str] = field(default_factory=list)  # trajectory files (legion record / legion dataset convert)
+    # dagger: who labels the states the student visits: scripted:<module>:<function> (legion record's policy=)
+    expert: Optional[str] = None
+    learning_rate: float = 1.0e-3
+    batch_size: int = 4096
+    updates_per_iteration: int = 50  # gradient steps on the data after each rollout
+    max_samples: int = 1_000_000  # dagger: the oldest labelled samples past this many are dropped
+
+
+@dataclass
 class Agent:
-    mode: str = "sync"  # sync: collect, then update | async: collect rollout k+1 while updating on k
+    # sync: collect, then update | async: collect rollout k+1 while updating on k | bc: behaviour
+    # cloning of agent.imitation.demos | dagger: the same, plus the expert's labels of the states
+    # the student visits (both train the PPO's actor: their checkpoints start PPO, agent.init_from)
+    mode: str = "sync"
     max_policy_lag: int = 1  # async: samples at most this many updates old (0: equals sync)
     vtrace: VTrace = field(default_factory=VTrace)
     max_iterations: Optional[int] = 1500  # null: until stopped
@@ -359,6 +375,10 @@ class Agent:
     actor: Actor = field(default_factory=Actor)
     critic: Network = field(default_factory=Network)
     algorithm: Algorithm = field(default_factory=Algorithm)
+    imitation: Imitation = field(default_factory=Imitation)
+    # a checkpoint (e.g. of a bc or dagger run) whose networks and normalizers a new run starts
+    # from: not its iteration, optimizer or action std (agent.actor.init_noise_std)
+    init_from: Optional[str] = None
 
 
 @dataclass

@@ -87,8 +87,15 @@ def validate(cfg: schema.Train) -> None:
                      for key in ("every", "episodes", "num_envs") if not getattr(record, key) > 0]
     if agent.max_policy_lag < 0:
         problems.append(f"agent.max_policy_lag={agent.max_policy_lag}: must be >= 0")
-    if agent.mode not in ("sync", "async"):
-        problems.append(f"agent.mode={agent.mode}: choose sync or async")
+    if agent.mode not in ("sync", "async", "bc", "dagger"):
+        problems.append(f"agent.mode={agent.mode}: choose sync, async, bc or dagger")
+    if agent.mode == "bc" and not agent.imitation.demos:
+        problems.append("agent.mode=bc: name the demonstrations, agent.imitation.demos=[demos.h5]")
+    if agent.mode == "dagger" and not agent.imitation.expert:
+        problems.append("agent.mode=dagger: name the expert, e.g. "
+                        "agent.imitation.expert=scripted:legion.tasks.manipulation.expert:lift")
+    if agent.init_from is not None and not Path(agent.init_from).is_file():
+        problems.append(f"agent.init_from={agent.init_from}: no such checkpoint file")
     if sim.solver not in SOLVERS:
         problems.append(f"sim.solver={sim.solver}: choose one of {sorted(SOLVERS)} (configs/sim/)")
     device = cfg.device
@@ -127,7 +134,11 @@ def make_runner(env: LegionEnv, agent: schema.Agent, log_dir: str | Path | None 
         from legion.agents.async_runner import AsyncRunner
 
         return AsyncRunner(env, agent, log_dir, device, group)
-    raise ConfigError(f"agent.mode must be 'sync' or 'async', got '{agent.mode}'")
+    if agent.mode in ("bc", "dagger"):
+        from legion.agents.imitation import ImitationRunner
+
+        return ImitationRunner(env, agent, log_dir, device, group)
+    raise ConfigError(f"agent.mode must be sync, async, bc or dagger, got '{agent.mode}'")
 
 
 @dataclass

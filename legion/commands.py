@@ -74,8 +74,9 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
             path, contents = distributed.broadcast((path, contents), group)
         setup_process()
         ranks = f" x {group.world_size} ranks ({group.backend})" if group else ""
-        say(f"[legion] task {cfg.task.name}, {cfg.sim.num_envs} envs{ranks} on {cfg.device}, "
-            f"{cfg.agent.mode} PPO; run folder {run_dir}", flush=True)
+        learner = f"{cfg.agent.mode} PPO" if cfg.agent.mode in ("sync", "async") else cfg.agent.mode
+        say(f"[legion] task {cfg.task.name}, {cfg.sim.num_envs} envs{ranks} on {cfg.device}, {learner}; "
+            f"run folder {run_dir}", flush=True)
         seed_everything(cfg.seed)
         say("[legion] building the simulation (the first run compiles Warp kernels: about a minute)", flush=True)
         # Hydra creates a new run's folder before the job starts: empty (or absent) means new.
@@ -99,6 +100,9 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
             if new:  # a run that never started leaves no folder behind (all in it was written just now)
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
+        if cfg.agent.init_from and not resume:
+            runner.init_from(cfg.agent.init_from)
+            say(f"[legion] starting from the networks of {cfg.agent.init_from}", flush=True)
         if resume:
             assert path is not None and contents is not None  # read above (rank 0) or broadcast
             runner.load(path, contents)

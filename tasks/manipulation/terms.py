@@ -17,6 +17,14 @@ def object_position(env, object: str = "cube") -> torch.Tensor:
     return quat_rotate_inverse(base_quat, env.scene[object].root_pos_w - base_pos)
 
 
+def body_position(env, bodies="tcp") -> torch.Tensor:
+    """(num_envs, 3) [m] the mean position of the robot's ``bodies`` (e.g. the tool centre point)
+    in its base frame: on a robot, forward kinematics of the joint encoders."""
+    robot = env.robot
+    base_pos, base_quat = robot.body_pos_w[:, 0], robot.body_quat_w[:, 0]
+    return quat_rotate_inverse(base_quat, robot.body_pos_w[:, bodies].mean(dim=1) - base_pos)
+
+
 # --- rewards -----------------------------------------------------------------------------------
 def reach_object(env, std: float, bodies="tcp", object: str = "cube") -> torch.Tensor:
     """1 - tanh(distance / std) between the end effector (``bodies``: the mean position of the

@@ -1,0 +1,165 @@
+"""Learning from demonstrations: behaviour cloning and DAgger (``agent.mode=bc | dagger``).
+
+Both train the actor of the run's own PPO (:func:`legion.agents.ppo.build_ppo`: the same network,
+observation normalizer and checkpoint format), so what they write starts PPO
+(``agent.init_from``), plays, evaluates and exports like any run. Each iteration rolls the current
+policy out for ``agent.num_steps_per_env`` steps (its deterministic action, the episodes and
+rewards logged as PPO's are), then takes ``agent.imitation.updates_per_iteration`` gradient steps
+of the mean-squared error between the actor's mean action and the labelled one:
+
+- ``bc``: the labels are the demonstrations' (``agent.imitation.demos``, trajectory files of this
+  task: :func:`load_demos` checks their observation layout against the task's);
+- ``dagger`` (Ross, Gordon and Bagnell, 2011): the expert (``agent.imitation.expert``) labels every
+  state the student visits, and the labelled states join the demonstrations, if any. The first
+  iteration acts with the expert's actions, so the data starts on its states.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+from legion.agents.ppo import action_std
+from legion.agents.runner import Runner
+from legion.configs.schema import Agent
+
+
+def load_demos(paths: list[str], env) -> tuple[torch.Tensor, torch.Tensor]:
+    """The policy observations (N, D) and actions (N, A) of every step of every episode in the
+    trajectory files ``paths``, checked against ``env``'s task: its name, robot, action size and
+    policy observation terms (names, order, sizes)."""
+    from legion.sim2real.trajectories.file import TrajectoryFile, sha256_file
+    from legion.tasks.sim import resolve_asset
+
+    layout = env.observation_layout()["policy"]
+    robot_file = resolve_asset(env.cfg.scene.robot.file)
+    robot_hash = sha256_file(robot_file)
+    task = env.cfg.name
+    observations, actions = [], []
+    for path in paths:
+        with TrajectoryFile(path) as f:
+            recorded = f.attrs.get("task")
+            if recorded != task:
+                raise ValueError(f"{path} holds episodes of task {recorded}, not {task}: record demonstrations of "
+                                 f"this task (legion record ... task={task}).")
+            if f.attrs.get("robot_sha256") != robot_hash:
+                raise ValueError(f"{path} was recorded with the robot model {f.attrs.get('robot_file')}; this run's is "
+                                 f"{robot_file} (a different file): record demonstrations with this robot.")
+            terms = {t["name"]: t["size"] for t in f.attrs["observation_layout"]["policy"]}
+            wanted = {t["name"]: t["size"] for t in layout}
+            if list(terms.items()) != list(wanted.items()):
+                raise ValueError(f"{path}: its policy observations are {terms} (name: size, in order); this task's are "
+                                 f"{wanted}. Record the demonstrations with this task's observation config.")
+            for name in f.episodes:
+                episode = f.episode(name)
+                observations.append(torch.cat([torch.as_tensor(episode.data[f"obs/policy/{t['name']}"]).float()
+                                               .reshape(episode.length, -1) for t in layout], 1))
+                actions.append(torch.as_tensor(episode.data["actions"]).float())
+    obs, act = torch.cat(observations).to(env.device), torch.cat(actions).to(env.device)
+    if act.shape[1] != env.num_actions:
+        raise ValueError(f"the demonstrations have {act.shape[1]} actions per step; this task has {env.num_actions}.")
+    return obs, act
+
+
+class ImitationRunner(Runner):
+    """``agent.mode=bc`` or ``dagger`` (module docstring): a :class:`~legion.agents.runner.Runner`
+    whose update is supervised, on the same actor, checkpoints, progress line and stop handling."""
+
+    def __init__(self, env, cfg: Agent, log_dir: str | Path | None = None, device: str = "cpu", group=None):
+        if group is not None:
+            raise ValueError(f"agent.mode={cfg.mode} runs in one process: start it without torchrun.")
+        super().__init__(env, cfg, log_dir, device)
+        imitation = cfg.imitation
+        self.imitation = imitation
+        if imitation.demos:
+            self.obs, self.labels = load_demos(imitation.demos, env)
+        else:
+            self.obs = torch.zeros(0, env.get_observations()["policy"].shape[1], device=device)
+            self.labels = torch.zeros(0, env.num_actions, device=device)
+        self.expert = None
+        if cfg.mode == "dagger":
+            from legion.sim2real.trajectories.record import scripted_policy
+
+            self.expert = scripted_policy(imitation.expert or "", env)
+        actor = self.ppo.actor
+        if len(self.obs):
+            actor.update_normalization(TensorDict({"policy": self.obs}, batch_size=[len(self.obs)]))
+        self.optimizer = torch.optim.Adam(actor.parameters(), lr=imitation.learning_rate)
+        self.generator = torch.Generator(device=device).manual_seed(0)
+
+    def _rollout(self, obs: TensorDict, requests) -> TensorDict:
+        """``num_steps_per_env`` steps of the student (of the expert, in DAgger's first
+        iteration); with an expert, its labels of the states join the data."""
+        env, actor, expert = self.env, self.ppo.actor, self.expert
+        visited, labels = [], []
+        with torch.inference_mode():
+            for _ in range(self.cfg.num_steps_per_env):
+                requests.raise_if_requested()
+                self.stats.action()
+                actions = actor(obs)
+                if expert is not None:
+                    label = expert(obs)
+                    visited.append(obs["policy"].clone())
+                    labels.append(label)
+                    if self.iteration == 0:
+                        actions = label
+                obs, rewards, dones, extras = env.step(actions)
+                if expert is not None and hasattr(expert, "reset"):
+                    expert.reset(dones)
+                self.stats.step(rewards, dones, extras)
+        if visited:
+            new = torch.cat(visited)
+            actor.update_normalization(TensorDict({"policy": new}, batch_size=[len(new)]))
+            keep = self.imitation.max_samples
+            self.obs = torch.cat([self.obs, new])[-keep:]
+            self.labels = torch.cat([self.labels, torch.cat(labels)])[-keep:]
+        return obs
+
+    def _update(self) -> float:
+        """``updates_per_iteration`` Adam steps of the MSE on random minibatches; the mean loss."""
+        actor, total = self.ppo.actor, 0.0
+        for _ in range(self.imitation.updates_per_iteration):
+            batch = torch.randint(len(self.obs), (min(self.imitation.batch_size, len(self.obs)),),
+                                  device=self.obs.device, generator=self.generator)
+            predicted = actor(TensorDict({"policy": self.obs[batch]}, batch_size=[len(batch)]))
+            loss = torch.nn.functional.mse_loss(predicted, self.labels[batch])
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            total += loss.item()
+        return total / self.imitation.updates_per_iteration
+
+    def learn(self, max_iterations: int | None = None) -> None:
+        """Trains until ``max_iterations`` iterations (``None``: until stopped); Ctrl-C or SIGTERM
+        stops after the current step with a checkpoint of the last complete iteration."""
+        self._begin(max_iterations)
+        obs = self.env.get_observations().to(self.device)
+        start_iteration = self.iteration
+        with self.stop_requests as requests:
+            try:
+                while max_iterations is None or self.iteration < max_iterations:
+                    t0 = time.perf_counter()
+                    self.stats.begin()
+                    obs = self._rollout(obs, requests)
+                    t1 = time.perf_counter()
+                    if not len(self.obs):
+                        raise ValueError("no labelled samples to learn from: give agent.imitation.demos or an expert.")
+                    loss = self._update()
+                    t2 = time.perf_counter()
+                    self.iteration += 1
+                    report = {**self.stats.end(), "iteration": self.iteration, "losses": {"imitation": loss},
+                              "learning_rate": self.imitation.learning_rate,
+                              "action_std": action_std(self.ppo).mean().item(),
+                              "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0,
+                              "progress": f"{self.cfg.mode} loss {loss:.4f} on {len(self.obs):,} samples"}
+                    self.log.record(report)
+                    self._check_physics(report)
+                    if self.log_dir is not None and self._save_due(self.iteration):
+                        self.save()
+                    for callback in self.on_iteration:
+                        callback(self, self.iteration)
+            finally:
+                self._end(start_iteration)

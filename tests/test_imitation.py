@@ -1,0 +1,80 @@
+"""Learning from demonstrations (issue 30): behaviour cloning and DAgger on the PPO's actor,
+PPO started from their checkpoint, and demonstrations of another task or robot refused."""
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from conftest import compose, make_runner
+from legion import api, commands
+from legion.agents.ppo import action_std
+from legion.sim2real.trajectories.record import record_scripted
+
+EXPERT = "scripted:legion.tasks.manipulation.expert:lift"
+SMALL = ("task=arm_lift_ik", "sim.num_envs=8", "agent.num_steps_per_env=8", "agent.imitation.batch_size=256",
+         "agent.imitation.updates_per_iteration=20")
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demos") / "lift.h5"
+    record_scripted(EXPERT, 4, out, overrides=("task=arm_lift_ik", "task.episode_length_s=2.0"))
+    return out
+
+
+def cloning_error(runner) -> float:
+    """The actor's mean-squared error on the runner's labelled samples."""
+    with torch.no_grad():
+        predicted = runner.ppo.actor(TensorDict({"policy": runner.obs}, batch_size=[len(runner.obs)]))
+    return torch.nn.functional.mse_loss(predicted, runner.labels).item()
+
+
+def test_behaviour_cloning_fits_the_demonstrations(demos):
+    runner = make_runner(*SMALL, "agent=bc", f"agent.imitation.demos=[{demos}]")
+    assert runner.obs.shape == (4 * 100, runner.env.get_observations()["policy"].shape[1])
+    before = cloning_error(runner)
+    runner.learn(15)
+    after = cloning_error(runner)
+    assert after < 0.2 * before, (before, after)
+    # the gripper's open/close, the demonstrations' sharpest decision, is reproduced
+    with torch.no_grad():
+        grip = runner.ppo.actor(TensorDict({"policy": runner.obs}, batch_size=[len(runner.obs)]))[:, 6]
+    assert (grip.sign() == runner.labels[:, 6].sign()).float().mean() > 0.95
+
+
+def test_dagger_acts_with_the_student_and_labels_with_the_expert():
+    runner = make_runner(*SMALL, "agent=dagger", f"agent.imitation.expert={EXPERT}")
+    runner.learn(2)
+    steps, n = 8, 8
+    assert runner.obs.shape[0] == 2 * steps * n  # every visited state labelled, nothing else
+    layout = {t["name"]: t for t in runner.env.observation_layout()["policy"]}
+    last = layout["last_action"]
+    executed = runner.obs[:, last["start"]:last["start"] + last["size"]].view(2, steps, n, -1)
+    labels = runner.labels.view(2, steps, n, -1)
+    # the first iteration acts with the expert's labels, the second with the student's actions
+    assert torch.allclose(executed[0, 1:], labels[0, :-1], atol=1e-6)
+    assert not torch.allclose(executed[1, 1:], labels[1, :-1], atol=1e-2)
+
+
+def test_ppo_starts_from_a_cloned_policy(demos, tmp_path):
+    bc = commands.train(compose(*SMALL, "agent=bc", f"agent.imitation.demos=[{demos}]", "agent.max_iterations=5"),
+                        tmp_path / "bc")
+    ppo = make_runner(*SMALL, "agent.actor.init_noise_std=0.2", env=bc.env)
+    obs = TensorDict({"policy": bc.obs[:64]}, batch_size=[64])
+    with torch.no_grad():
+        assert not torch.allclose(ppo.ppo.actor(obs), bc.ppo.actor(obs), atol=1e-2)  # from scratch: another policy
+        ppo.init_from(tmp_path / "bc" / "model_5.pt")
+        assert torch.equal(ppo.ppo.actor(obs), bc.ppo.actor(obs))  # the cloned actor and its normalizer
+    assert torch.equal(action_std(ppo.ppo), torch.full_like(action_std(ppo.ppo), 0.2))
+
+
+def test_demonstrations_of_another_task_robot_or_observation_layout_are_refused(demos):
+    with pytest.raises(ValueError, match="holds episodes of task arm_lift_ik, not arm_lift"):
+        make_runner("task=arm_lift", "sim.num_envs=2", "agent=bc", f"agent.imitation.demos=[{demos}]")
+    with pytest.raises(ValueError, match="was recorded with the robot model .*arm.xml; this run's is .*panda"):
+        make_runner("task=arm_lift_ik", "robot=panda", "sim.num_envs=2", "agent=bc", f"agent.imitation.demos=[{demos}]")
+    with pytest.raises(ValueError, match=r"its policy observations are .*'tcp_position': 3.*this task's are"):
+        make_runner("task=arm_lift_ik", "sim.num_envs=2", "agent=bc", f"agent.imitation.demos=[{demos}]",
+                    "~task.observations.policy.tcp_position")
+    with pytest.raises(api.ConfigError, match=r"agent.mode=bc: name the demonstrations, agent.imitation.demos"):
+        api.validate(compose("task=arm_lift_ik", "agent=bc"))
