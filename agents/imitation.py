@@ -28,36 +28,44 @@ from legion.configs.schema import Agent
 
 
 def load_demos(paths: list[str], env) -> tuple[torch.Tensor, torch.Tensor]:
-    """The policy observations (N, D) and actions (N, A) of every step of every episode in the
-    trajectory files ``paths``, checked against ``env``'s task: its name, robot, action size and
-    policy observation terms (names, order, sizes)."""
+    """The policy observations (N, D) and actions (N, A) of every step of every episode in
+    ``paths`` (trajectory files, or LeRobot datasets ``legion dataset convert`` wrote), checked
+    against ``env``'s task: its name, robot, action size and policy observation terms (names,
+    order, sizes)."""
     from legion.sim2real.trajectories.file import TrajectoryFile, sha256_file
+    from legion.sim2real.trajectories.lerobot import read_policy_demos
     from legion.tasks.sim import resolve_asset
 
-    layout = env.observation_layout()["policy"]
-    robot_file = resolve_asset(env.cfg.scene.robot.file)
-    robot_hash = sha256_file(robot_file)
-    task = env.cfg.name
+    wanted = [(t["name"], t["size"]) for t in env.observation_layout()["policy"]]
+    task, robot_file = env.cfg.name, resolve_asset(env.cfg.scene.robot.file)
     observations, actions = [], []
-    for path in paths:
-        with TrajectoryFile(path) as f:
-            recorded = f.attrs.get("task")
-            if recorded != task:
-                raise ValueError(f"{path} holds episodes of task {recorded}, not {task}: record demonstrations of "
-                                 f"this task (legion record ... task={task}).")
-            if f.attrs.get("robot_sha256") != robot_hash:
-                raise ValueError(f"{path} was recorded with the robot model {f.attrs.get('robot_file')}; this run's is "
-                                 f"{robot_file} (a different file): record demonstrations with this robot.")
-            terms = {t["name"]: t["size"] for t in f.attrs["observation_layout"]["policy"]}
-            wanted = {t["name"]: t["size"] for t in layout}
-            if list(terms.items()) != list(wanted.items()):
-                raise ValueError(f"{path}: its policy observations are {terms} (name: size, in order); this task's are "
-                                 f"{wanted}. Record the demonstrations with this task's observation config.")
-            for name in f.episodes:
-                episode = f.episode(name)
-                observations.append(torch.cat([torch.as_tensor(episode.data[f"obs/policy/{t['name']}"]).float()
-                                               .reshape(episode.length, -1) for t in layout], 1))
-                actions.append(torch.as_tensor(episode.data["actions"]).float())
+    for path in map(Path, paths):
+        if path.is_dir():  # a LeRobot dataset: the robot is known by its joints
+            demos = read_policy_demos(path)
+            recorded, terms = demos["task"], demos["terms"]
+            robot_differs = demos["joints"] != list(env.robot.joint_names) and \
+                f"joints {demos['joints']}; this run's robot has {list(env.robot.joint_names)}"
+            observations.append(torch.as_tensor(demos["observations"]))
+            actions.append(torch.as_tensor(demos["actions"]))
+        else:
+            with TrajectoryFile(path) as f:
+                recorded = f.attrs.get("task")
+                terms = [(t["name"], t["size"]) for t in f.attrs["observation_layout"]["policy"]]
+                robot_differs = f.attrs.get("robot_sha256") != sha256_file(robot_file) and \
+                    f"the robot model {f.attrs.get('robot_file')}; this run's is {robot_file} (a different file)"
+                for name in f.episodes:
+                    episode = f.episode(name)
+                    observations.append(torch.cat([torch.as_tensor(episode.data[f"obs/policy/{t}"]).float()
+                                                   .reshape(episode.length, -1) for t, _ in terms], 1))
+                    actions.append(torch.as_tensor(episode.data["actions"]).float())
+        if recorded != task:
+            raise ValueError(f"{path} holds episodes of task {recorded}, not {task}: record demonstrations of "
+                             f"this task (legion record ... task={task}).")
+        if robot_differs:
+            raise ValueError(f"{path} was recorded with {robot_differs}: record demonstrations with this robot.")
+        if terms != wanted:
+            raise ValueError(f"{path}: its policy observations are {dict(terms)} (name: size, in order); this task's "
+                             f"are {dict(wanted)}. Record the demonstrations with this task's observation config.")
     obs, act = torch.cat(observations).to(env.device), torch.cat(actions).to(env.device)
     if act.shape[1] != env.num_actions:
         raise ValueError(f"the demonstrations have {act.shape[1]} actions per step; this task has {env.num_actions}.")

@@ -68,6 +68,18 @@ def test_ppo_starts_from_a_cloned_policy(demos, tmp_path):
     assert torch.equal(action_std(ppo.ppo), torch.full_like(action_std(ppo.ppo), 0.2))
 
 
+def test_lerobot_datasets_converted_from_demonstrations_load_back_the_same(demos, tmp_path):
+    from legion.agents.imitation import load_demos
+    from legion.sim2real.trajectories.lerobot import to_lerobot
+
+    dataset = to_lerobot(demos, tmp_path / "lift_lerobot")
+    env = api.make_env(compose("task=arm_lift_ik", "sim.num_envs=2"))
+    (obs, actions), (obs_back, actions_back) = load_demos([str(demos)], env), load_demos([str(dataset)], env)
+    assert obs.shape == (400, obs.shape[1]) and torch.equal(obs, obs_back) and torch.equal(actions, actions_back)
+    with pytest.raises(ValueError, match=r"was recorded with joints \['joint1'.*this run's robot has \['panda_joint1'"):
+        load_demos([str(dataset)], api.make_env(compose("task=arm_lift_ik", "robot=panda", "sim.num_envs=2")))
+
+
 def test_demonstrations_of_another_task_robot_or_observation_layout_are_refused(demos):
     with pytest.raises(ValueError, match="holds episodes of task arm_lift_ik, not arm_lift"):
         make_runner("task=arm_lift", "sim.num_envs=2", "agent=bc", f"agent.imitation.demos=[{demos}]")

@@ -78,7 +78,10 @@ def frame_features(f: TrajectoryFile, episode: Episode) -> dict[str, tuple[dict,
                                            np.concatenate(values, axis=1))
     if "commands" in episode.data:
         columns["observation.command"] = (["v_x", "v_y", "yaw_rate"], episode.data["commands"])
-    columns["action"] = (list(action["joints"]) if action else joints, episode.data["actions"])
+    actions = episode.data["actions"]
+    named = list(action["joints"]) if action else joints  # a joint-space action: one per joint
+    columns["action"] = (named if len(named) == actions.shape[1] else [f"action.{k}" for k in range(actions.shape[1])],
+                         actions)
     features = {key: ({"dtype": "float32", "shape": [values.shape[1]], "names": names},
                       values.astype(np.float32)) for key, (names, values) in columns.items()}
     if "rewards" in episode.data:
@@ -87,6 +90,30 @@ def frame_features(f: TrajectoryFile, episode: Episode) -> dict[str, tuple[dict,
     features["next.done"] = ({"dtype": "bool", "shape": [1], "names": None},
                              episode.data["dones"].astype(bool)[:, None])
     return features
+
+
+def read_policy_demos(root: str | Path) -> dict:
+    """What learning from demonstrations needs from a LeRobot dataset that ``legion dataset
+    convert`` wrote: ``task``, the robot's ``joints``, the policy observation ``terms`` ((name,
+    size) in order) and per frame ``observations`` (N, D) and ``actions`` (N, A), float32."""
+    root = Path(root)
+    info = json.loads((root / "meta" / "info.json").read_text())
+    features = info["features"]
+    if "observation.policy" not in features:
+        raise TrajectoryFileError(f"{root}: a LeRobot dataset without observation.policy (what the policy saw): "
+                                  "convert a legion recording with legion dataset convert.")
+    terms: dict[str, int] = {}
+    for name in features["observation.policy"]["names"]:
+        term = name.rpartition(".")[0]
+        terms[term] = terms.get(term, 0) + 1
+    tasks = pq.read_table(root / "meta" / "tasks.parquet").column("__index_level_0__").to_pylist()
+    state = features["observation.state"]["names"]
+    joints = [n[:-len(".pos")] for n in state if n.endswith(".pos")]
+    table = pa.concat_tables([pq.read_table(p, columns=["observation.policy", "action"])
+                              for p in sorted((root / "data").rglob("*.parquet"))])
+    stack = lambda column: np.asarray(table.column(column).to_pylist(), np.float32)  # noqa: E731
+    return {"task": tasks[0] if len(tasks) == 1 else tasks, "joints": joints, "terms": list(terms.items()),
+            "observations": stack("observation.policy"), "actions": stack("action")}
 
 
 def _joint_names(f: TrajectoryFile) -> list[str]:
