@@ -92,11 +92,12 @@ class LegionEnv(VecEnv):
         action = task.action
         if action.type not in mdp.ACTIONS:
             raise ValueError(f"task.action.type: unknown '{action.type}'. Available: {sorted(mdp.ACTIONS)}")
-        accepted = inspect.signature(mdp.ACTIONS[action.type]).parameters
-        unknown = sorted(set(action.params) - set(accepted) | set(action.params) & {"env", "joints", "scale", "clip"})
+        takes = set(inspect.signature(mdp.ACTIONS[action.type]).parameters) - {
+            "env", "joints", "scale", "clip", "clamp_to_limits"}  # task.action's own keys
+        unknown = sorted(set(action.params) - takes)
         if unknown:
-            raise ValueError(f"task.action.params: {unknown} not taken by type {action.type}; it takes "
-                             f"{sorted(set(accepted) - {'env', 'joints', 'scale', 'clip', 'clamp_to_limits'})}.")
+            raise ValueError(f"task.action.params: {unknown} not taken by type {action.type}; "
+                             f"it takes {sorted(takes)}.")
         self.action = mdp.ACTIONS[action.type](self, joints=action.joints, scale=action.scale, clip=action.clip,
                                                   clamp_to_limits=action.clamp_to_limits, **action.params)
         self.num_actions = self.action.dim

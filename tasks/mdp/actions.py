@@ -144,10 +144,10 @@ class TaskSpaceAction(JointPositionAction):
     - ``mode=absolute``: desired = default pose + ``scale`` * action (position), rotated by
       ``rotation_scale`` * action (rotation vector).
 
-    Each control step the arm's targets become ``q + dls(J, error)``, clamped to the joint limits,
-    with the error from the desired pose to the reached one: the targets keep moving while the
-    pose is off (a sagging arm is driven up), and the desired position stays within ``max_error``
-    [m] of the reached one per axis, so a pose out of reach does not wind up.
+    Each control step the arm's targets become ``q + dls(J, error)``, always clamped to the joint
+    limits, with the error from the desired pose to the reached one. The desired pose is held, not
+    reset to the reached one, so an arm that lags (or sags) is driven on; it stays within
+    ``max_error`` [m] of the reached position per axis, so a pose out of reach does not wind up.
     """
 
     def __init__(self, env, joints: str = ".*", scale: float = 0.02, clip: float | None = 1.0,
