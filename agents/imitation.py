@@ -163,11 +163,6 @@ class ImitationRunner(Runner):
                               "action_std": action_std(self.ppo).mean().item(),
                               "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0,
                               "progress": f"{self.cfg.mode} loss {loss:.4f} on {len(self.obs):,} samples"}
-                    self.log.record(report)
-                    self._check_physics(report)
-                    if self.log_dir is not None and self._save_due(self.iteration):
-                        self.save()
-                    for callback in self.on_iteration:
-                        callback(self, self.iteration)
+                    self._book(report)
             finally:
                 self._end(start_iteration)

@@ -340,12 +340,18 @@ class Runner:
                               "action_std": ppo.get_policy().output_std.mean().item(),
                               "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0,
                               "nonfinite_update": nonfinite}
-                    self.log.record(report)
-                    self._check_physics(report)
-                    self._check_update(report)
-                    if self.log_dir is not None and self._save_due(self.iteration):
-                        self.save()
-                    for callback in self.on_iteration:
-                        callback(self, self.iteration)
+                    self._book(report)
             finally:
                 self._end(start_iteration)
+
+    def _book(self, report: dict) -> None:
+        """A completed iteration: logged, checked (the physics, and the update's finiteness where it
+        reports one), checkpointed when due and handed to the ``on_iteration`` callbacks."""
+        self.log.record(report)
+        self._check_physics(report)
+        if "nonfinite_update" in report:
+            self._check_update(report)
+        if self.log_dir is not None and self._save_due(report["iteration"]):
+            self.save()
+        for callback in self.on_iteration:
+            callback(self, report["iteration"])

@@ -150,9 +150,10 @@ def main():
         rest = [a for i, a in enumerate(sys.argv[1:]) if not a.startswith("--nproc") and sys.argv[i] != "--nproc"]
         os.execvp(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                    f"--nproc_per_node={args.nproc}", __file__, *rest])
-    # robot=go2 or sim.backend=warp: a record of its own (learning_quadruped_flat_go2, ..._warp)
+    # robot=go2, sim.backend=warp or --mode dagger: a record of its own (learning_quadruped_flat_go2, ..._warp)
     name = f"learning_{args.task}" + "".join(f"_{o.split('=', 1)[1]}" for o in args.overrides
                                               if o.startswith(("robot=", "sim.backend=")))
+    name += f"_{args.mode}" if args.mode in ("bc", "dagger") else ""  # learning_arm_lift_dagger
     record = ROOT / "bench" / "results" / f"{name}.json"
     if args.resume:
         if not record.is_file():

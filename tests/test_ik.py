@@ -82,13 +82,17 @@ def test_task_space_actions_reach_a_pose_and_approach_one_out_of_reach(arm):
     assert ((q >= limits[:, 0] - 1e-3) & (q <= limits[:, 1] + 1e-3)).all()
 
 
-def test_the_scripted_expert_lifts_the_cube_to_its_goal():
-    env = make_env("task=arm_lift_ik", "sim.num_envs=8")
-    expert = scripted_policy("scripted:legion.tasks.manipulation.expert:lift", env)
+@pytest.mark.parametrize("task, expert", [("arm_lift_ik", "lift"), ("arm_lift", "lift_joint_space")])
+def test_the_scripted_expert_lifts_the_cube_to_its_goal(task, expert):
+    """In task space, and through its own IK as the joint targets of arm_lift's joint action."""
+    env = make_env(f"task={task}", "sim.num_envs=8")
+    policy = scripted_policy(f"scripted:legion.tasks.manipulation.expert:{expert}", env)
     obs = env.reset()
     with torch.inference_mode():
         for _ in range(env.max_episode_length):
-            obs, _, dones, _ = env.step(expert(obs))
+            obs, _, dones, _ = env.step(policy(obs))
+            if hasattr(policy, "reset"):
+                policy.reset(dones)
     # every episode has ended once (time-outs at 5 s), each with the cube held at its goal for 1 s
     assert env.success.last_succeeded.all(), env.success.last_succeeded
 
@@ -114,5 +118,8 @@ def test_bad_task_space_settings_and_policies_are_named():
     env = make_env("task=arm_lift", "sim.num_envs=1")
     with pytest.raises(ValueError, match="the lift expert acts in task space: use task=arm_lift_ik"):
         scripted_policy("scripted:legion.tasks.manipulation.expert:lift", env)
+    with pytest.raises(ValueError, match="expert:lift_joint_space labels joint position actions"):
+        scripted_policy("scripted:legion.tasks.manipulation.expert:lift_joint_space",
+                        make_env("task=arm_lift_ik", "sim.num_envs=1"))
     with pytest.raises(ValueError, match="expected scripted:<module>:<function>"):
         scripted_policy("legion.tasks.manipulation.expert:lift", env)

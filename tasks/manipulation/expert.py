@@ -28,25 +28,26 @@ class LiftExpert:
     there). A cube that leaves the fingers is approached again.
 
     Args:
-        env: a :class:`~legion.tasks.env.LegionEnv` whose action is ``task_space`` (relative) with
-            a gripper, and whose command is the cube's goal position.
+        env: a :class:`~legion.tasks.env.LegionEnv` whose command is the cube's goal position.
+        action: the ``task_space`` action (relative, with a gripper) it acts through: the env's own
+            (default) or one that :class:`JointSpaceLift` turns into joint targets.
         above: height over the cube's centre to approach from [m].
         speed: the fastest the tool centre point is moved [m/s] (descending at half of it).
     """
 
-    def __init__(self, env, above: float = 0.1, speed: float = 0.6):
-        action = env.action
+    def __init__(self, env, action=None, above: float = 0.1, speed: float = 0.6):
+        action = action or env.action
         if type(action).__name__ != "TaskSpaceAction" or action.mode != "relative" or action.dim != 7:
             raise ValueError("the lift expert acts in task space: use task=arm_lift_ik (task.action.type=task_space, "
-                             "mode relative, with a gripper).")
-        self.env = env
+                             "mode relative, with a gripper), or expert:lift_joint_space for task=arm_lift.")
+        self.env, self.action = env, action
         self.above = torch.tensor([0.0, 0.0, above], device=env.device)
         self.step_limit = speed * env.step_dt / action.scale  # action units per control step
         self.open = env.robot.joint_limits[action.gripper_ids, 1]  # the fingers' open position
         self.phase = torch.full((env.num_envs,), APPROACH, dtype=torch.long, device=env.device)  # for inspection
 
     def __call__(self, observations) -> torch.Tensor:
-        env, action = self.env, self.env.action
+        env, action = self.env, self.action
         cube = object_position(env)
         reached = action.chain(env.robot.joint_pos)[0]
         fingers = action.gripper_ids
@@ -68,6 +69,46 @@ class LiftExpert:
         return torch.cat([move, turn, grip], -1)
 
 
+class JointSpaceLift:
+    """The lift expert for a joint-space arm_lift (``task=arm_lift``): :class:`LiftExpert` acting
+    through a task-space action of its own, whose joint targets it returns as the env's joint
+    position action (``(target - default) / scale`` per driven joint), so a joint-space student
+    learns a policy that exports to the edge runtime as any other. Its desired pose is its one
+    memory, as the task-space env's is (restarted at the reached pose when an episode starts, and
+    never more than ``max_error`` from it): a position servo needs the lead to move at speed.
+    """
+
+    def __init__(self, env):
+        from legion.tasks.mdp.actions import JointPositionAction, TaskSpaceAction
+
+        if type(env.action) is not JointPositionAction:
+            raise ValueError("expert:lift_joint_space labels joint position actions (task=arm_lift); for "
+                             "task=arm_lift_ik use expert:lift.")
+        robot = env.cfg.scene.robot
+        self.ik = TaskSpaceAction(env, joints=robot.joints["arm"], body=robot.bodies["tcp"],
+                                  gripper=robot.joints["gripper"])
+        self.expert = LiftExpert(env, self.ik)
+        self.env = env
+        driven = env.action.joint_ids.tolist()
+        self.columns = torch.tensor([driven.index(j) for j in self.ik.joint_ids.tolist()], device=env.device)
+
+    def __call__(self, observations) -> torch.Tensor:
+        env, ik = self.env, self.ik
+        arm, gripper = ik.joint_targets(self.expert(observations))
+        targets = torch.cat([arm, gripper], 1) if gripper is not None else arm
+        actions = env.action.offset.clone()
+        actions[:, self.columns] = targets
+        return (actions - env.action.offset) / env.action.scale
+
+    def reset(self, dones: torch.Tensor) -> None:
+        self.ik.reset(dones)
+
+
 def lift(env) -> LiftExpert:
-    """The arm_lift expert (``policy=scripted:legion.tasks.manipulation.expert:lift``)."""
+    """The arm_lift expert in task space (``policy=scripted:legion.tasks.manipulation.expert:lift``)."""
     return LiftExpert(env)
+
+
+def lift_joint_space(env) -> JointSpaceLift:
+    """The arm_lift expert in joint space (``scripted:legion.tasks.manipulation.expert:lift_joint_space``)."""
+    return JointSpaceLift(env)

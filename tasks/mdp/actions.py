@@ -182,8 +182,16 @@ class TaskSpaceAction(JointPositionAction):
         return torch.zeros_like(self.actions)
 
     def apply(self, actions: torch.Tensor) -> None:
+        robot = self.env.robot
+        arm, gripper = self.joint_targets(self._delayed(actions))
+        robot.joint_pos_target[:, self.arm_ids] = arm
+        if gripper is not None:
+            robot.joint_pos_target[:, self.gripper_ids] = gripper
+
+    def joint_targets(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The desired pose moved by ``action`` (num_envs, dim), and the joint targets that drive
+        the arm towards it: the arm's (num_envs, k) and the gripper's (or None), within the limits."""
         robot, arm = self.env.robot, self.arm_ids
-        action = self._delayed(actions)
         q = robot.joint_pos
         pos, rot, jacobian = self.chain(q)
         if self.mode == "relative":
@@ -195,10 +203,11 @@ class TaskSpaceAction(JointPositionAction):
         self.desired_pos.copy_(pos + (self.desired_pos - pos).clamp(-self.max_error, self.max_error))
         error = torch.cat([self.desired_pos - pos, rotation_error(self.desired_rot, rot)], -1)
         targets = q[:, arm] + dls(jacobian, error, self.damping)
-        robot.joint_pos_target[:, arm] = targets.clamp(robot.joint_limits[arm, 0], robot.joint_limits[arm, 1])
-        if len(self.gripper_ids):
-            limits = robot.joint_limits[self.gripper_ids]
-            robot.joint_pos_target[:, self.gripper_ids] = torch.where(action[:, 6:7] > 0, limits[:, 1], limits[:, 0])
+        targets = targets.clamp(robot.joint_limits[arm, 0], robot.joint_limits[arm, 1])
+        if not len(self.gripper_ids):
+            return targets, None
+        limits = robot.joint_limits[self.gripper_ids]
+        return targets, torch.where(action[:, 6:7] > 0, limits[:, 1], limits[:, 0])
 
     def reset(self, mask: torch.Tensor) -> None:
         """Zero action history and, for the envs in ``mask``, the desired pose at the reached one."""
