@@ -7,8 +7,8 @@ policy out for ``agent.num_steps_per_env`` steps (its deterministic action, the 
 rewards logged as PPO's are), then takes ``agent.imitation.updates_per_iteration`` gradient steps
 of the mean-squared error between the actor's mean action and the labelled one:
 
-- ``bc``: the labels are the demonstrations' (``agent.imitation.demos``, trajectory files of this
-  task: :func:`load_demos` checks their observation layout against the task's);
+- ``bc``: the labels are the demonstrations' (``agent.imitation.demos``, read and checked against
+  the task by :mod:`legion.sim2real.trajectories.demos`, which hands them to the runner);
 - ``dagger`` (Ross, Gordon and Bagnell, 2011): the expert (``agent.imitation.expert``) labels every
   state the student visits, and the labelled states join the demonstrations, if any. The first
   iteration acts with the expert's actions, so the data starts on its states.
@@ -27,75 +27,34 @@ from legion.agents.runner import Runner
 from legion.configs.schema import Agent
 
 
-def load_demos(paths: list[str], env) -> tuple[torch.Tensor, torch.Tensor]:
-    """The policy observations (N, D) and actions (N, A) of every step of every episode in
-    ``paths`` (trajectory files, or LeRobot datasets ``legion dataset convert`` wrote), checked
-    against ``env``'s task: its name, robot, action size and policy observation terms (names,
-    order, sizes)."""
-    from legion.sim2real.trajectories.file import TrajectoryFile, sha256_file
-    from legion.sim2real.trajectories.lerobot import read_policy_demos
-    from legion.tasks.sim import resolve_asset
-
-    wanted = [(t["name"], t["size"]) for t in env.observation_layout()["policy"]]
-    task, robot_file = env.cfg.name, resolve_asset(env.cfg.scene.robot.file)
-    observations, actions = [], []
-    for path in map(Path, paths):
-        if path.is_dir():  # a LeRobot dataset: the robot is known by its joints
-            demos = read_policy_demos(path)
-            recorded, terms = demos["task"], demos["terms"]
-            robot_differs = demos["joints"] != list(env.robot.joint_names) and \
-                f"joints {demos['joints']}; this run's robot has {list(env.robot.joint_names)}"
-            observations.append(torch.as_tensor(demos["observations"]))
-            actions.append(torch.as_tensor(demos["actions"]))
-        else:
-            with TrajectoryFile(path) as f:
-                recorded = f.attrs.get("task")
-                terms = [(t["name"], t["size"]) for t in f.attrs["observation_layout"]["policy"]]
-                robot_differs = f.attrs.get("robot_sha256") != sha256_file(robot_file) and \
-                    f"the robot model {f.attrs.get('robot_file')}; this run's is {robot_file} (a different file)"
-                for name in f.episodes:
-                    episode = f.episode(name)
-                    observations.append(torch.cat([torch.as_tensor(episode.data[f"obs/policy/{t}"]).float()
-                                                   .reshape(episode.length, -1) for t, _ in terms], 1))
-                    actions.append(torch.as_tensor(episode.data["actions"]).float())
-        if recorded != task:
-            raise ValueError(f"{path} holds episodes of task {recorded}, not {task}: record demonstrations of "
-                             f"this task (legion record ... task={task}).")
-        if robot_differs:
-            raise ValueError(f"{path} was recorded with {robot_differs}: record demonstrations with this robot.")
-        if terms != wanted:
-            raise ValueError(f"{path}: its policy observations are {dict(terms)} (name: size, in order); this task's "
-                             f"are {dict(wanted)}. Record the demonstrations with this task's observation config.")
-    obs, act = torch.cat(observations).to(env.device), torch.cat(actions).to(env.device)
-    if act.shape[1] != env.num_actions:
-        raise ValueError(f"the demonstrations have {act.shape[1]} actions per step; this task has {env.num_actions}.")
-    return obs, act
-
-
 class ImitationRunner(Runner):
     """``agent.mode=bc`` or ``dagger`` (module docstring): a :class:`~legion.agents.runner.Runner`
-    whose update is supervised, on the same actor, checkpoints, progress line and stop handling."""
+    whose update is supervised, on the same actor, checkpoints, progress line and stop handling.
 
-    def __init__(self, env, cfg: Agent, log_dir: str | Path | None = None, device: str = "cpu", group=None):
+    Args (beyond the :class:`~legion.agents.runner.Runner`'s):
+        demos: the demonstrations' policy observations (N, D) and actions (N, A); bc needs them.
+        expert: observations -> actions (and ``reset(dones)``, if it keeps a memory); dagger needs it.
+    :func:`legion.sim2real.trajectories.demos.imitation_inputs` makes both from the config.
+    """
+
+    def __init__(self, env, cfg: Agent, log_dir: str | Path | None = None, device: str = "cpu", group=None,
+                 demos: tuple[torch.Tensor, torch.Tensor] | None = None, expert=None):
         if group is not None:
             raise ValueError(f"agent.mode={cfg.mode} runs in one process: start it without torchrun.")
+        if cfg.mode == "bc" and demos is None or cfg.mode == "dagger" and expert is None:
+            raise ValueError(f"agent.mode={cfg.mode} needs {'demonstrations' if cfg.mode == 'bc' else 'an expert'}: "
+                             "make the runner with legion.sim2real.trajectories.demos.imitation_inputs(cfg.agent, env)")
         super().__init__(env, cfg, log_dir, device)
-        imitation = cfg.imitation
-        self.imitation = imitation
-        if imitation.demos:
-            self.obs, self.labels = load_demos(imitation.demos, env)
+        self.imitation, self.expert = cfg.imitation, expert
+        if demos is not None:
+            self.obs, self.labels = demos
         else:
             self.obs = torch.zeros(0, env.get_observations()["policy"].shape[1], device=device)
             self.labels = torch.zeros(0, env.num_actions, device=device)
-        self.expert = None
-        if cfg.mode == "dagger":
-            from legion.sim2real.trajectories.record import scripted_policy
-
-            self.expert = scripted_policy(imitation.expert or "", env)
         actor = self.ppo.actor
         if len(self.obs):
             actor.update_normalization(TensorDict({"policy": self.obs}, batch_size=[len(self.obs)]))
-        self.optimizer = torch.optim.Adam(actor.parameters(), lr=imitation.learning_rate)
+        self.optimizer = torch.optim.Adam(actor.parameters(), lr=self.imitation.learning_rate)
         self.generator = torch.Generator(device=device).manual_seed(0)
 
     def _rollout(self, obs: TensorDict, requests) -> TensorDict:

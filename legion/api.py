@@ -123,8 +123,9 @@ def make_env(cfg: schema.Train) -> LegionEnv:
 
 
 def make_runner(env: LegionEnv, agent: schema.Agent, log_dir: str | Path | None = None, device: str = "cpu",
-                group: Group | None = None) -> Runner:
-    """The runner for ``agent.mode``: ``sync`` (collect, then update) or ``async`` (overlapped);
+                group: Group | None = None, **imitation) -> Runner:
+    """The runner for ``agent.mode``: ``sync`` (collect, then update), ``async`` (overlapped), ``bc``
+    or ``dagger`` (given ``imitation``: :func:`legion.sim2real.trajectories.demos.imitation_inputs`);
     ``group``: this rank's :class:`~legion.agents.distributed.Group` in a multi-process run."""
     if agent.mode == "sync":
         from legion.agents.runner import Runner
@@ -137,7 +138,7 @@ def make_runner(env: LegionEnv, agent: schema.Agent, log_dir: str | Path | None 
     if agent.mode in ("bc", "dagger"):
         from legion.agents.imitation import ImitationRunner
 
-        return ImitationRunner(env, agent, log_dir, device, group)
+        return ImitationRunner(env, agent, log_dir, device, group, **imitation)
     raise ConfigError(f"agent.mode must be sync, async, bc or dagger, got '{agent.mode}'")
 
 

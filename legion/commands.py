@@ -86,7 +86,10 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
             if main:
                 run_dir.mkdir(parents=True, exist_ok=True)
                 save_config(saved, run_dir / "config.yaml")
-            runner = make_runner(env, cfg.agent, log_dir=run_dir if main else None, device=cfg.device, group=group)
+            from legion.sim2real.trajectories.demos import imitation_inputs
+
+            runner = make_runner(env, cfg.agent, log_dir=run_dir if main else None, device=cfg.device, group=group,
+                                 **imitation_inputs(cfg.agent, env))
             if main and cfg.task.record.every is not None:
                 from legion.sim2real.trajectories.record import TrainingRecorder
 

@@ -31,7 +31,9 @@ def make_runner(*overrides: str, env=None, log_dir=None):
     cfg = compose(*overrides)
     torch.manual_seed(cfg.seed)
     env = env or api.make_env(cfg)
-    return api.make_runner(env, cfg.agent, log_dir=log_dir, device=cfg.device)
+    from legion.sim2real.trajectories.demos import imitation_inputs
+
+    return api.make_runner(env, cfg.agent, log_dir=log_dir, device=cfg.device, **imitation_inputs(cfg.agent, env))
 
 
 @pytest.fixture(scope="session")

@@ -69,7 +69,7 @@ def test_ppo_starts_from_a_cloned_policy(demos, tmp_path):
 
 
 def test_lerobot_datasets_converted_from_demonstrations_load_back_the_same(demos, tmp_path):
-    from legion.agents.imitation import load_demos
+    from legion.sim2real.trajectories.demos import load_demos
     from legion.sim2real.trajectories.lerobot import to_lerobot
 
     dataset = to_lerobot(demos, tmp_path / "lift_lerobot")
