@@ -87,7 +87,7 @@ class ImitationRunner(Runner):
 
     def _update(self) -> float:
         """``updates_per_iteration`` Adam steps of the MSE on random minibatches; the mean loss."""
-        actor, total = self.ppo.actor, 0.0
+        actor, total = self.ppo.actor, torch.zeros((), device=self.obs.device)
         for _ in range(self.imitation.updates_per_iteration):
             batch = torch.randint(len(self.obs), (min(self.imitation.batch_size, len(self.obs)),),
                                   device=self.obs.device, generator=self.generator)
@@ -96,8 +96,8 @@ class ImitationRunner(Runner):
             self.optimizer.zero_grad()
             loss.backward()
             self.optimizer.step()
-            total += loss.item()
-        return total / self.imitation.updates_per_iteration
+            total += loss.detach()  # summed on the device: one read per iteration, not one per step
+        return total.item() / self.imitation.updates_per_iteration
 
     def learn(self, max_iterations: int | None = None) -> None:
         """Trains until ``max_iterations`` iterations (``None``: until stopped); Ctrl-C or SIGTERM

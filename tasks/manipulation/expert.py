@@ -96,9 +96,9 @@ class JointSpaceLift:
         env, ik = self.env, self.ik
         arm, gripper = ik.joint_targets(self.expert(observations))
         targets = torch.cat([arm, gripper], 1) if gripper is not None else arm
-        actions = env.action.offset.clone()
-        actions[:, self.columns] = targets
-        return (actions - env.action.offset) / env.action.scale
+        actions = torch.zeros_like(env.action.offset)  # a driven joint the IK does not move holds its default
+        actions[:, self.columns] = (targets - env.action.offset[:, self.columns]) / env.action.scale
+        return actions
 
     def reset(self, dones: torch.Tensor) -> None:
         self.ik.reset(dones)
