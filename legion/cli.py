@@ -23,9 +23,11 @@ commands:
                  resume a run            legion train resume=runs/cartpole/<date> [checkpoint=FILE]
                  K processes (torchrun)  legion train --nproc K task=quadruped_flat
   play           run a trained policy    legion play run=runs/cartpole/<date> [episodes=5] [record=FILE] [video=true]
+                 watch it in a browser   legion play run=runs/quadruped_flat/<date> viewer=web
   eval           measure a policy        legion eval run=runs/quadruped_flat/<date> [commands=forward,stand]
   record         record episodes (HDF5)  legion record run=runs/cartpole/<date> episodes=10 out=demos.h5
   replay         replay a recording      legion replay demos.h5 [mode=actions|states] [video=true] [plots=true]
+                                         [viewer=web] [html=true]
   dataset        convert recordings      legion dataset convert demos.h5 format=lerobot out=DIR
   randomization  what each env draws     legion randomization task=quadruped_flat
   export         export to ONNX          legion export run=runs/quadruped_flat/<date> [out=DIR]
@@ -48,7 +50,7 @@ rate, iteration, randomization ranges and random generators continue where they 
 """
 
 PLAY_HELP = """usage: legion play run=<run folder> [episodes=N] [checkpoint=PATH] [record=FILE]
-                   [video=true] [key=value ...]
+                   [video=true] [viewer=web [host=127.0.0.1] [port=8080]] [key=value ...]
 
 Loads the run's saved config.yaml and its newest good checkpoint (or `checkpoint=`), runs the
 policy deterministically with observation noise off, and prints the return and length of each
@@ -59,6 +61,12 @@ sim.num_envs: 16, or the run's if fewer).
   video=true       render each episode to <run>/videos/<date>/demo_<k>.mp4 (MuJoCo offscreen,
                    camera tracking the robot; needs EGL or OSMesa, see the README)
   overwrite=true   replace an existing record= file or video folder
+  viewer=web       a live 3-D view in the browser at http://<host>:<port> (printed; runs until
+                   Ctrl-C): pause, step, speed; the env the camera follows; the command (sliders, a
+                   draggable goal for arm tasks); observation noise, randomization at resets; reset
+                   the followed env; reload the newest checkpoint of a run still training
+  host=ADDR        where the viewer listens (default 127.0.0.1, this machine only; 0.0.0.0: all)
+  port=N           the viewer's port (default 8080)
 """
 
 RECORD_HELP = """usage: legion record run=<run folder> [episodes=10] [out=FILE.h5] [checkpoint=PATH]
@@ -84,7 +92,7 @@ Config keys can be overridden as in `legion play` (e.g. task.events.push.enabled
 """
 
 REPLAY_HELP = """usage: legion replay <file.h5> [mode=actions|states] [episodes=0,2] [video=true] [plots=true]
-                     [out=DIR] [device=DEV]
+                     [viewer=web] [html=true] [out=DIR] [device=DEV]
 
 Replays the episodes of a trajectory file (all, or episodes=i,j,...) in the simulator, each in its
 own world, and prints how far the replay is from the file.
@@ -99,7 +107,11 @@ own world, and prints how far the replay is from the file.
   video=true       an MP4 per episode of the replayed motion (camera tracking the robot)
   plots=true       PNGs per episode: joint positions vs targets, commanded vs actual base
                    velocity, reward terms; robot logs: simulated vs logged, error per joint
-  out=DIR          where video, plots and replay.json go (default <file>_replay/)
+  viewer=web       watch the replay live in the browser (as legion play viewer=web; host=, port=),
+                   at real time; the view stays open on the last frame until Ctrl-C
+  html=true        <out>/replay.html: the first replayed episode as one self-contained HTML file
+                   that opens from disk in a browser, no server (timeline, orbit, zoom)
+  out=DIR          where video, plots, replay.html and replay.json go (default <file>_replay/)
   overwrite=true   write into an existing, non-empty out folder
 """
 
@@ -355,6 +367,12 @@ def _hydra_train(args: list[str]) -> None:
     main()
 
 
+def _viewer(options: dict) -> bool:
+    if options["viewer"] not in ("none", "web"):
+        raise UsageError(f"viewer={options['viewer']}: the viewer is viewer=web (a live view in the browser).")
+    return options["viewer"] == "web"
+
+
 def _flag(name: str, value: str) -> bool:
     if value.lower() not in ("true", "false"):
         raise UsageError(f"{name}={value}: expected true or false")
@@ -390,9 +408,19 @@ def play(args: list[str]) -> None:
         print(PLAY_HELP)
         return
     run, options, overrides = parse_run_args(args, PLAY_HELP, {"checkpoint": None, "episodes": "5", "record": None,
-                                                               "video": "false", "overwrite": "false"})
+                                                               "video": "false", "overwrite": "false",
+                                                               "viewer": "none", "host": "127.0.0.1", "port": "8080"})
     episodes = _number("episodes", options["episodes"])
     video, overwrite = _flag("video", options["video"]), _flag("overwrite", options["overwrite"])
+    if _viewer(options):
+        from legion.viewer import watch_policy
+
+        try:
+            watch_policy(api.load_run(run, options["checkpoint"], overrides), options["host"],
+                         _number("port", options["port"]))
+        except KeyboardInterrupt:
+            print("\n[legion] viewer stopped", flush=True)
+        return
     if options["record"] or video:
         from datetime import datetime
 
@@ -509,19 +537,30 @@ def replay(args: list[str]) -> None:
         print(REPLAY_HELP)
         return
     path, options = _file_args(args, REPLAY_HELP, {"mode": "actions", "episodes": None, "video": "false",
-                                                   "plots": "false", "out": None, "device": None, "overwrite": "false"})
+                                                   "plots": "false", "out": None, "device": None, "overwrite": "false",
+                                                   "viewer": "none", "html": "false", "host": "127.0.0.1",
+                                                   "port": "8080"})
     if options["mode"] not in ("actions", "states"):
         raise UsageError(f"mode={options['mode']}: choose mode=actions or mode=states.")
     episodes = None if options["episodes"] is None else \
         [_number("episodes", e) for e in options["episodes"].split(",") if e]
     video, plots = _flag("video", options["video"]), _flag("plots", options["plots"])
+    live, html = _viewer(options), _flag("html", options["html"])
     from legion.sim2real.trajectories.replay import replay_command
+    from legion.viewer import ReplayView
 
+    view = ReplayView(live, html, options["host"], _number("port", options["port"]), f"legion-rl: {path.name}") \
+        if live or html else None
     result, written = replay_command(path, options["mode"], episodes, options["device"], video, plots,
-                                     options["out"], _flag("overwrite", options["overwrite"]))
+                                     options["out"], _flag("overwrite", options["overwrite"]), view)
     print(result.report())
     if written:
         print(f"[legion] wrote {len(written)} files into {written[0].parent}")
+    if view is not None and live:
+        print("[legion] the replay ended; the viewer shows its last frame until Ctrl-C", flush=True)
+        view.serve_until_stopped()
+    elif view is not None:
+        view.close()
 
 
 def dataset(args: list[str]) -> None:

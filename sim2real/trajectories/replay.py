@@ -24,8 +24,10 @@ for the episodes it touched (attribute ``params_changed``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,6 +41,10 @@ from legion.sim2real.trajectories.file import (
     sha256_file,
 )
 from legion.sim2real.trajectories.record import Layout, param_views, state_views, versions
+
+if TYPE_CHECKING:
+    from legion.tasks.env import LegionEnv
+    from legion.viewer import ReplayView
 
 MODES = ("actions", "states")
 
@@ -132,9 +138,11 @@ def _last(error: np.ndarray) -> float:
     return float(np.mean(last)) if last else float("nan")
 
 
-def replay(path: str | Path, mode: str = "actions", episodes=None, device: str | None = None) -> ReplayResult:
+def replay(path: str | Path, mode: str = "actions", episodes=None, device: str | None = None,
+           on_step: Callable[[LegionEnv], None] | None = None) -> ReplayResult:
     """Replays the episodes of a trajectory file (``episodes``: indices, default all) on ``device``
-    (default: the recording's) and returns the comparison. See the module docstring."""
+    (default: the recording's) and returns the comparison. See the module docstring.
+    ``on_step(env)`` is called with the initial state and after each step (a viewer draws it)."""
     from legion import api
     from legion.tasks.sim import resolve_asset
 
@@ -172,7 +180,7 @@ def replay(path: str | Path, mode: str = "actions", episodes=None, device: str |
     api.seed_everything(cfg.seed)
     env = api.make_env(cfg)
     with torch.inference_mode():
-        steps = _Replay(env, loaded, source).run(mode, notes)
+        steps = _Replay(env, loaded, source).run(mode, notes, on_step or (lambda env: None))
     recorded, replayed, error, initial = steps
     return ReplayResult(Path(path), mode, source, list(names), loaded, recorded, replayed, error, initial,
                         attrs["control_dt"], list(env.robot.joint_names), attrs, notes)
@@ -216,7 +224,7 @@ class _Replay:
         for name, s in self.layout.slices.items():
             self.views[name][:] = packed[:, s].reshape(self.views[name].shape)
 
-    def run(self, mode: str, notes: list[str]):
+    def run(self, mode: str, notes: list[str], on_step: Callable[[LegionEnv], None]):
         env, n = self.env, len(self.episodes)
         everyone = torch.arange(n, device=self.device)
         starts = self.packed("states")
@@ -232,6 +240,7 @@ class _Replay:
         # The action term's own state starts where an episode starts it (a delta action's targets,
         # a task-space action's desired pose: from the joint positions just written).
         env.action.reset(torch.ones(n, dtype=torch.bool, device=self.device))
+        on_step(env)
         steps = torch.arange(self.horizon, device=self.device)
         if mode == "states":
             expected, active = starts, steps[:, None] < self.lengths
@@ -262,6 +271,7 @@ class _Replay:
                 env.robot.joint_pos_target[:, joint_ids] = torch.where(active[t, :, None], targets[t],
                                                                        env.robot.joint_pos_target[:, joint_ids])
                 env.sim.step()
+            on_step(env)
             now = self.layout.pack(self.views)
             replayed[t] = now
             if mode == "actions" and self.source == "sim" and t + 1 < self.horizon:
@@ -321,12 +331,17 @@ def write_outputs(result: ReplayResult, out: Path, video: bool, plots: bool, ove
 
 
 def replay_command(path: Path, mode: str, episodes, device, video: bool, plots: bool, out: Path | None,
-                   overwrite: bool) -> tuple[ReplayResult, list[Path]]:
-    """``legion replay`` as a function: replay, then the outputs (default folder ``<file>_replay/``)."""
+                   overwrite: bool, view: ReplayView | None = None) -> tuple[ReplayResult, list[Path]]:
+    """``legion replay`` as a function: replay (drawn by ``view``: a live viewer, an HTML file),
+    then the outputs (default folder ``<file>_replay/``)."""
     path = Path(path)
     out = Path(out) if out else path.with_name(path.stem + "_replay")
-    if (video or plots) and out.exists() and any(out.iterdir()) and not overwrite:
+    if (video or plots or (view and view.html)) and out.exists() and any(out.iterdir()) and not overwrite:
         refuse_existing(out, overwrite)  # before the replay runs: fail fast
-    result = replay(path, mode, episodes, device)
-    written = write_outputs(result, out, video, plots, overwrite) if video or plots else []
+    if view is not None:
+        view.out = out
+    result = replay(path, mode, episodes, device, view)
+    written = view.finish() if view is not None else []
+    if video or plots:
+        written += write_outputs(result, out, video, plots, overwrite=True)
     return result, written
