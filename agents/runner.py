@@ -129,7 +129,8 @@ class Runner:
         self.iteration = 0  # number of completed iterations (= policy version)
         world = group.world_size if group else 1
         self.log = TrainingLog(cfg.num_steps_per_env * env.num_envs * world, self.log_dir, cfg.log_interval, device,
-                               verbose=group is None or group.is_main)
+                               verbose=group is None or group.is_main, logger=cfg.logger,
+                               wandb_project=cfg.wandb_project)
         self.stats = RolloutStats(env.num_envs, device)  # running episodes carry over between learn() calls
         self._last_save_time = time.monotonic()
         self._purge_step: int | None = None  # set by load(): TensorBoard forgets steps after it

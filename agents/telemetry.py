@@ -18,6 +18,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -129,13 +130,16 @@ class TrainingLog:
     """
 
     def __init__(self, samples_per_iteration: int, log_dir: Path | None, log_interval: int = 1, device: str = "cpu",
-                 verbose: bool = True):
+                 verbose: bool = True, logger: str = "tensorboard", wandb_project: str = "legion-rl"):
         self.samples, self.log_dir = samples_per_iteration, log_dir
+        self.logger, self.wandb_project = logger, wandb_project
         self.log_interval, self.device = log_interval, device
         self.verbose = verbose
         self.recent: deque = deque()  # per iteration: {"count", "return_sum", "length_sum"} of its episodes
         self.history: deque = deque(maxlen=10_000)
-        self.writer = None  # opened by start(), when training begins and a resume's purge step is known
+        # opened by start(), when training begins and a resume's purge step is known: TensorBoard's
+        # SummaryWriter, or rsl-rl's W&B writer (a SummaryWriter that also logs to W&B)
+        self.writer: Any = None
         self.start_iteration, self.max_iterations, self.start_time = 0, None, time.time()
 
     def start(self, iteration: int, max_iterations: int | None, purge_step: int | None = None) -> None:
@@ -145,7 +149,12 @@ class TrainingLog:
         if self.log_dir is not None:
             if purge_step is not None:
                 self.close()  # TensorBoard reads a purge at the start of an event file: open a new one
-            if self.writer is None:
+            if self.writer is None and self.logger == "wandb":
+                from rsl_rl.utils.wandb_log_writer import WandbLogWriter
+
+                os.environ.setdefault("WANDB_DIR", str(self.log_dir))  # its run folder: <run>/wandb/
+                self.writer = WandbLogWriter(str(self.log_dir), self.wandb_project)
+            elif self.writer is None:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=10, purge_step=purge_step)
@@ -218,7 +227,25 @@ class TrainingLog:
         if self.writer is not None:
             self.writer.flush()
 
+    def add_video(self, path: Path, iteration: int, frames: list, fps: float) -> None:
+        """The policy at ``iteration``: ``frames`` ((H, W, 3) uint8 images, ``fps`` apart) as an
+        animated GIF in TensorBoard's images (``Video/episode``); the MP4 at ``path`` in W&B."""
+        if self.writer is None or not frames:
+            return
+        import imageio.v3 as iio
+        from tensorboard.compat.proto.summary_pb2 import Summary  # pyright: ignore[reportAttributeAccessIssue]
+
+        gif = iio.imwrite("<bytes>", frames, extension=".gif", duration=1000 / fps, loop=0)
+        height, width = frames[0].shape[:2]
+        image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif)
+        self.writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag="Video/episode", image=image)]),
+                                                   iteration)
+        if hasattr(self.writer, "save_video"):  # rsl-rl's W&B writer
+            self.writer.save_video(Path(path), iteration)
+
     def close(self) -> None:
         if self.writer is not None:
+            if hasattr(self.writer, "stop"):  # rsl-rl's W&B writer: finish the W&B run
+                self.writer.stop()
             self.writer.close()
             self.writer = None

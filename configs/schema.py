@@ -353,6 +353,17 @@ class Imitation:
 
 
 @dataclass
+class Video:
+    """``agent.video``: watch the policy learn. One episode of the current policy, in a one-world
+    env beside the training's (rank 0), rendered by MuJoCo offscreen as ``legion play video=true``."""
+
+    every: Optional[int] = None  # iterations between videos (null: off); each <run>/videos/iter_<k>.mp4
+    max_seconds: float = 10.0  # episodes are cut here [s of simulated time]
+    height: int = 240  # image size [pixels] (even numbers: H.264 needs them)
+    width: int = 320
+
+
+@dataclass
 class Agent:
     # sync: collect, then update | async: collect rollout k+1 while updating on k | bc: behaviour
     # cloning of agent.imitation.demos | dagger: the same, plus the expert's labels of the states
@@ -367,6 +378,12 @@ class Agent:
     keep_last: Optional[int] = 10  # checkpoints kept: the newest N (null: all) ...
     keep_every: Optional[int] = None  # ... plus every N-th iteration's
     log_interval: int = 1  # progress line every N iterations
+    # where the scalars (and videos) go besides the progress line: tensorboard (<run>/events.*) or
+    # wandb (Weights & Biases, through rsl-rl's writer, TensorBoard files too; WANDB_MODE=offline
+    # keeps the run in <run>/wandb/ without a network: `wandb sync` uploads it later)
+    logger: str = "tensorboard"
+    wandb_project: str = "legion-rl"
+    video: Video = field(default_factory=Video)
     random_episode_start: bool = False  # each learn() starts the envs at random steps of their episodes
     max_nonfinite_fraction: float = 0.1  # stop (with a checkpoint) when more envs' physics goes NaN in one step
     # An update that makes a loss or the weights NaN/Inf is skipped (the weights from before it are

@@ -85,6 +85,18 @@ def validate(cfg: schema.Train) -> None:
     if record.every is not None:
         problems += [f"task.record.{key}={getattr(record, key)}: must be > 0"
                      for key in ("every", "episodes", "num_envs") if not getattr(record, key) > 0]
+    video = agent.video
+    if video.every is not None:
+        problems += [f"agent.video.{key}={getattr(video, key)}: must be > 0"
+                     for key in ("every", "max_seconds", "height", "width") if not getattr(video, key) > 0]
+    if agent.logger not in ("tensorboard", "wandb"):
+        problems.append(f"agent.logger={agent.logger}: choose tensorboard or wandb")
+    elif agent.logger == "wandb":
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            problems.append("agent.logger=wandb: the wandb package is not installed: pip install -e '.[wandb]' "
+                            "(WANDB_MODE=offline runs without an account or network)")
     if agent.max_policy_lag < 0:
         problems.append(f"agent.max_policy_lag={agent.max_policy_lag}: must be >= 0")
     if agent.mode not in ("sync", "async", "bc", "dagger"):

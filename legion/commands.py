@@ -99,6 +99,10 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
                 if not recording.device.startswith("cuda"):
                     recording.sim.capture_step = False  # as any loaded run off the GPU: the same steps, eager
                 runner.on_iteration.append(TrainingRecorder(run_dir, recording, make_env))
+            if main and cfg.agent.video.every is not None:
+                from legion.sim2real.trajectories.record import TrainingVideo
+
+                runner.on_iteration.append(TrainingVideo(run_dir, cfg, make_env))
         except BaseException:
             if new:  # a run that never started leaves no folder behind (all in it was written just now)
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -120,6 +124,10 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
             latest = f"latest checkpoint {saved[-1].name}" if saved else "no checkpoint yet"
             say(f"\n[legion] stopped by {e.signal_name} at iteration {runner.iteration}; {latest} in {run_dir} "
                 f"(continue: legion train resume={run_dir})", flush=True)
+        finally:
+            runner.log.close()  # the last events written; a W&B run finished (its last step committed)
+            for callback in runner.on_iteration:
+                getattr(callback, "close", lambda: None)()
         return runner
     except Exception as e:
         if group is not None and distributed.is_lost_rank(e):

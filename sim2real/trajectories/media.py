@@ -168,8 +168,10 @@ class SceneRenderer:
         self.renderer.close()
 
 
-def write_video(renderer: SceneRenderer, states, path: Path, fps: float, joint_names: list[str]) -> Path:
-    """Renders each state of ``states`` (an iterable of one-step state dicts) into an H.264 MP4 at ``fps``."""
+def write_video(renderer: SceneRenderer, states, path: Path, fps: float, joint_names: list[str],
+                on_frame=None) -> Path:
+    """Renders each state of ``states`` (an iterable of one-step state dicts) into an H.264 MP4 at
+    ``fps``; ``on_frame(k, image)`` sees each image."""
     import imageio.v2 as imageio
 
     path = Path(path)
@@ -177,8 +179,11 @@ def write_video(renderer: SceneRenderer, states, path: Path, fps: float, joint_n
     writer = imageio.get_writer(str(tmp), fps=fps, codec="libx264", pixelformat="yuv420p", macro_block_size=2,
                                 ffmpeg_log_level="error")
     try:
-        for state in states:
-            writer.append_data(renderer.render(state, joint_names))
+        for k, state in enumerate(states):
+            image = renderer.render(state, joint_names)
+            writer.append_data(image)
+            if on_frame is not None:
+                on_frame(k, image)
     finally:
         writer.close()
     tmp.replace(path)

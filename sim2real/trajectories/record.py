@@ -374,6 +374,58 @@ class TrainingRecorder:
               flush=True)
 
 
+class TrainingVideo:
+    """``agent.video``: every ``every`` iterations, one episode of the current policy (deterministic,
+    observation noise off, cut at ``max_seconds``) in a one-world env beside the training's, built
+    at construction; rendered to ``<run>/videos/iter_<k>.mp4`` and handed to the run's log
+    (TensorBoard, W&B). The training's random generators are left as they were. A
+    :class:`~legion.agents.runner.Runner` calls it after each iteration (``on_iteration``)."""
+
+    def __init__(self, run_dir: Path, cfg: Train, make_env: Callable[[Train], LegionEnv]):
+        import dataclasses
+
+        from legion.agents.runner import Runner
+        from legion.api import seed_everything
+        from legion.sim2real.trajectories import media
+
+        video = cfg.agent.video
+        self.run_dir, self.every = Path(run_dir), video.every
+        self.cfg = dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, num_envs=1, capture_step=False),
+                                       task=dataclasses.replace(cfg.task, episode_length_s=min(
+                                           cfg.task.episode_length_s, video.max_seconds)))
+        # The renderer first: a robot it cannot draw stops the run before training starts.
+        self.renderer = media.SceneRenderer(self.cfg, video.height, video.width)
+        with _generators_kept(cfg.device):
+            seed_everything(cfg.seed)
+            self.env = make_env(self.cfg)
+        self.env.noise_enabled = False
+        self.runner = Runner(self.env, self.cfg.agent, log_dir=None, device=self.cfg.device)
+
+    def __call__(self, runner, iteration: int) -> None:
+        from legion.agents.ppo import load_weights, policy_state
+        from legion.sim2real.trajectories import media
+
+        if self.every is None or iteration % self.every:
+            return
+        load_weights(self.runner.ppo, policy_state(runner.ppo), critic=False)
+        policy = self.runner.ppo.get_policy()
+        policy.eval()
+        with _generators_kept(self.cfg.device):
+            episode = next(record(self.env, policy, 1))
+        path = self.run_dir / "videos" / f"iter_{iteration}.mp4"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fps = 1.0 / self.env.step_dt
+        stride = max(1, round(fps / 10))  # the log's animation: about 10 frames per second
+        shown: list[np.ndarray] = []
+        media.write_video(self.renderer, media.episode_frames(episode), path, fps, self.env.robot.joint_names,
+                          on_frame=lambda k, image: shown.append(image) if k % stride == 0 else None)
+        runner.log.add_video(path, iteration, shown, fps / stride)
+
+    def close(self) -> None:
+        self.renderer.close()
+        self.env.close()
+
+
 class _generators_kept:
     """Restores Python's, numpy's and torch's global random generators on exit."""
 
