@@ -359,6 +359,7 @@ class Video:
 
     every: Optional[int] = None  # iterations between videos (null: off); each <run>/videos/iter_<k>.mp4
     max_seconds: float = 10.0  # episodes are cut here [s of simulated time]
+    fps: float = 25.0  # frames per second of simulated time drawn (at most the control rate)
     height: int = 240  # image size [pixels] (even numbers: H.264 needs them)
     width: int = 320
 

@@ -88,7 +88,7 @@ def validate(cfg: schema.Train) -> None:
     video = agent.video
     if video.every is not None:
         problems += [f"agent.video.{key}={getattr(video, key)}: must be > 0"
-                     for key in ("every", "max_seconds", "height", "width") if not getattr(video, key) > 0]
+                     for key in ("every", "max_seconds", "fps", "height", "width") if not getattr(video, key) > 0]
     if agent.logger not in ("tensorboard", "wandb"):
         problems.append(f"agent.logger={agent.logger}: choose tensorboard or wandb")
     elif agent.logger == "wandb":

@@ -47,6 +47,7 @@ class WebViewer:
 
     def __init__(self, env: LegionEnv, host: str = "127.0.0.1", port: int = 8080, title: str = "legion-rl",
                  reload: Callable[[], str] | None = None, record_to: Path | None = None, controls: bool = True):
+        import newton
         from newton.viewer import ViewerViser
 
         self.env = env
@@ -56,8 +57,6 @@ class WebViewer:
         self.viewer.set_model(env.sim.model)
         # Bodies drawn by their collision shapes alone (MJCF geoms that collide, e.g. the authored
         # quadruped's legs, carry no visual flag in Newton): show collision shapes too.
-        import newton
-
         model = env.sim.model
         assert model.shape_flags is not None and model.shape_body is not None
         flags, bodies = model.shape_flags.numpy(), model.shape_body.numpy()
@@ -70,7 +69,7 @@ class WebViewer:
         self._last_frame = time.perf_counter()
         self._target: np.ndarray | None = None  # the followed root where the cameras last looked at it
         self.viewer.set_visible_worlds([0])
-        self.viewer.set_reset_callback(lambda: self._reset_followed())
+        self.viewer.set_reset_callback(self._reset_followed)  # its "Reset" button: the followed env
         if controls:
             self._add_controls(reload)
         self.server.on_client_connect(lambda client: self._aim(client, snap=True))
@@ -84,8 +83,6 @@ class WebViewer:
             if env.num_envs > 1:
                 follow = gui.add_slider("Follow env", min=0, max=env.num_envs - 1, step=1, initial_value=0)
                 follow.on_update(lambda _: self._request(lambda: self.set_follow(int(follow.value))))
-            reset = gui.add_button("Reset this env")
-            reset.on_click(lambda _: self._request(self._reset_followed))
             noise = gui.add_checkbox("Observation noise", initial_value=env.noise_enabled)
             noise.on_update(lambda _: self._request(lambda: setattr(env, "noise_enabled", bool(noise.value))))
             randomized = [t for t in env.events.terms.values() if t.enabled and t.mode != "startup"]

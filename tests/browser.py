@@ -102,12 +102,12 @@ class Browser:
         return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
 
     def screenshot(self) -> np.ndarray:
-        """(H, W, 3) uint8 of the page."""
+        """(H, W, 3) uint8 of the page (a software-rendered WebGL frame can take tens of seconds)."""
         import base64
 
         import imageio.v3 as iio
 
-        data = base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
+        data = base64.b64decode(self.call("Page.captureScreenshot", timeout=180.0, format="png")["data"])
         return iio.imread(io.BytesIO(data))[..., :3]
 
     def close(self) -> None:

@@ -192,7 +192,8 @@ def test_videos_while_training_decode_and_show_the_robot(trained):
     assert videos == ["iter_1.mp4", "iter_2.mp4"]
     reader = imageio.get_reader(str(trained / "videos" / "iter_2.mp4"))
     frames = [reader.get_data(i) for i in range(reader.count_frames())]
-    assert len(frames) == 50  # 1 s at 50 Hz (agent.video.max_seconds)
+    assert len(frames) == 25  # 1 s (agent.video.max_seconds) at 25 frames per second (agent.video.fps)
+    assert reader.get_meta_data()["fps"] == 25
     assert frames[0].shape == (240, 320, 3)
     assert np.abs(frames[0].astype(int) - frames[-1]).mean() > 1.0  # it moves
     events = EventAccumulator(str(trained), size_guidance={"images": 0})

@@ -13,6 +13,7 @@ reward term's value (``env.reward_values``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -389,7 +390,7 @@ class TrainingVideo:
         from legion.sim2real.trajectories import media
 
         video = cfg.agent.video
-        self.run_dir, self.every = Path(run_dir), video.every
+        self.run_dir, self.every, self.fps = Path(run_dir), video.every, video.fps
         self.cfg = dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, num_envs=1, capture_step=False),
                                        task=dataclasses.replace(cfg.task, episode_length_s=min(
                                            cfg.task.episode_length_s, video.max_seconds)))
@@ -414,10 +415,13 @@ class TrainingVideo:
             episode = next(record(self.env, policy, 1))
         path = self.run_dir / "videos" / f"iter_{iteration}.mp4"
         path.parent.mkdir(parents=True, exist_ok=True)
-        fps = 1.0 / self.env.step_dt
+        # Rendering is most of a video's cost: draw every control step's state only up to fps.
+        step = max(1, round(1.0 / (self.env.step_dt * self.fps)))
+        fps = 1.0 / (self.env.step_dt * step)
         stride = max(1, round(fps / 10))  # the log's animation: about 10 frames per second
         shown: list[np.ndarray] = []
-        media.write_video(self.renderer, media.episode_frames(episode), path, fps, self.env.robot.joint_names,
+        media.write_video(self.renderer, itertools.islice(media.episode_frames(episode), 0, None, step), path, fps,
+                          self.env.robot.joint_names,
                           on_frame=lambda k, image: shown.append(image) if k % stride == 0 else None)
         runner.log.add_video(path, iteration, shown, fps / stride)
 
