@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from common import compose, make_env, make_runner, print_table, write_json
-
 from legion.sim2real.trajectories.record import TrainingVideo
 
 

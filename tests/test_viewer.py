@@ -54,6 +54,37 @@ def live(trained):
     thread.join(30)
 
 
+def test_legion_play_viewer_web_prints_its_loopback_address_and_stops_on_ctrl_c(trained, tmp_path):
+    import re
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    refused = subprocess.run([sys.executable, "-m", "legion", "play", f"run={trained}", "viewer=gui"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "viewer=gui: the viewer is viewer=web" in refused.stderr
+    play = subprocess.Popen([sys.executable, "-m", "legion", "play", f"run={trained}", "viewer=web", "port=0",
+                             "sim.num_envs=1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = []
+    try:
+        assert play.stdout is not None
+        for line in play.stdout:
+            lines.append(line)
+            if line.startswith("[legion] viewer at "):
+                break
+        url = re.search(r"http://127\.0\.0\.1:\d+", lines[-1])
+        assert url, "".join(lines)
+        with urllib.request.urlopen(url.group(0), timeout=30) as page:  # viser's client, from the wheel
+            assert b"<html" in page.read(2000).lower()
+        play.send_signal(signal.SIGINT)
+        out, _ = play.communicate(timeout=60)
+    finally:
+        play.kill()
+    assert play.returncode == 0 and "[legion] viewer stopped" in out, "".join(lines) + out
+
+
 # --- the viewer's websocket, read as viser's client reads it -------------------------------------
 def _decode(frame: bytes) -> list[dict]:
     """viser's wire format: sizes, a zstd-compressed msgpack of messages, 8-byte aligned raw arrays."""
