@@ -28,7 +28,7 @@ class Browser:
     """``with Browser() as b: b.open(url); png = b.screenshot()``; ``b.errors``: the console's errors
     and uncaught exceptions so far. WebGL runs on SwiftShader (no GPU)."""
 
-    def __init__(self, width: int = 960, height: int = 720):
+    def __init__(self, width: int = 800, height: int = 600):
         assert CHROMIUM, "chromium is not installed (apt-get install chromium)"
         self.port, self.profile = _free_port(), tempfile.mkdtemp(prefix="legion-chromium-")
         self.process = subprocess.Popen(

@@ -20,6 +20,23 @@ SMALL_TERRAIN = ("task.scene.ground.terrain.num_levels=3", "task.scene.ground.te
                  "task.scene.ground.terrain.border=2")
 
 
+def legion_in_process(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
+    """``legion <args>`` run by this process (no interpreter start-up: for the quick refusals);
+    returns the exit code, stdout and stderr."""
+    import sys
+
+    from legion import cli
+
+    monkeypatch.setattr(sys, "argv", ["legion", *args])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = int(e.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def make_env(*overrides: str):
     return api.make_env(compose(*overrides))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, compose
+from conftest import ROOT, compose, legion_in_process
 from legion.configs import ConfigError, load_run_config, save_config
 
 LEGION = [sys.executable, "-m", "legion"]
@@ -147,7 +147,7 @@ def test_every_command_has_help(tmp_path):
         assert result.returncode == 0 and usage in result.stdout, command
 
 
-def test_multirun_then_play(tmp_path):
+def test_multirun_then_play(tmp_path, capsys, monkeypatch):
     tiny = ["sim.num_envs=32", "agent.max_iterations=2", "agent.num_steps_per_env=8"]
     result = legion("train", "-m", "seed=0,1", *tiny, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -163,10 +163,10 @@ def test_multirun_then_play(tmp_path):
     episodes = [line for line in played.stdout.splitlines() if line.startswith("episode ")]
     assert len(episodes) == 3 and all("return" in e and "length" in e for e in episodes)
 
-    bad = legion("play", f"run={tmp_path}", cwd=tmp_path)
-    assert bad.returncode == 2 and "not a run folder" in bad.stderr
-    typo = legion("play", f"run={runs[0]}", "sim.num_env=4", cwd=tmp_path)
-    assert typo.returncode == 2 and "sim.num_env" in typo.stderr
+    code, _, err = legion_in_process(capsys, monkeypatch, "play", f"run={tmp_path}")
+    assert code == 2 and "not a run folder" in err
+    code, _, err = legion_in_process(capsys, monkeypatch, "play", f"run={runs[0]}", "sim.num_env=4")
+    assert code == 2 and "sim.num_env" in err
 
     shown = legion("randomization", "task=cartpole", "sim.num_envs=4", cwd=tmp_path)
     assert shown.returncode == 0 and "joint_pos_offset" in shown.stdout, shown.stderr[-2000:]

@@ -2,13 +2,12 @@
 them, a picture of its default pose, the warnings that name what will not train, and a starting
 robot YAML that the schema accepts and that fixes those warnings."""
 
-import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
 
-from legion import cli
+from conftest import legion_in_process as legion
 from legion.configs.schema import Actuator, Robot
 from legion.tasks.sim.inspect import Inspection, inspect_robot, load_robot_config
 from legion.tasks.sim.scene import resolve_asset
@@ -177,17 +176,6 @@ def test_a_robot_without_actuators_is_told(out):
     assert [w.split(":")[0] for w in cartpole.warnings] == ["no actuators"]
     assert "actuators: {<group>" in cartpole.warnings[0]
     validated(cartpole.yaml)
-
-
-def legion(capsys, monkeypatch, *args) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["legion", *args])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as e:
-        code = int(e.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_broken_and_missing_files_fail_with_one_line(tmp_path, capsys, monkeypatch):

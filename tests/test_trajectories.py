@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import ROOT, compose
+from conftest import ROOT, compose, legion_in_process
 from legion import api, commands, configs
 
 LEGION = [sys.executable, "-m", "legion"]
@@ -111,7 +111,7 @@ def test_states_replay_equals_the_recording_exactly(quadruped):
     assert result.bit_exact
 
 
-def test_record_and_replay_on_the_command_line(cartpole, tmp_path):
+def test_record_and_replay_on_the_command_line(cartpole, tmp_path, capsys, monkeypatch):
     assert cartpole["stdout"].count("episode ") == 3 and "wrote" in cartpole["stdout"]
     replayed = legion("replay", str(cartpole["file"]), cwd=tmp_path)
     assert replayed.returncode == 0, replayed.stderr[-3000:]
@@ -126,8 +126,9 @@ def test_record_and_replay_on_the_command_line(cartpole, tmp_path):
                           (["replay", str(cartpole["file"]), "mode=forward"], "mode=forward: choose mode=actions"),
                           (["replay", str(cartpole["file"]), "episodes=9"], "has no episode 9; it has 3"),
                           (["dataset", "convert", str(cartpole["file"]), "format=csv"], "format=csv: choose")):
-        bad = legion(*args, cwd=tmp_path)
-        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
+        monkeypatch.chdir(tmp_path)
+        code, _, err = legion_in_process(capsys, monkeypatch, *args)
+        assert code == 2 and message in err and "Traceback" not in err, (args, err)
 
 
 def test_recording_while_training_changes_nothing_the_run_learns(tmp_path):
