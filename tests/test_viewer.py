@@ -269,3 +269,12 @@ def _wandb_records(path: Path) -> list:
             records.append(record)
             pending = b""
     return records
+
+
+def test_a_robot_the_video_renderer_cannot_draw_is_refused_before_training(tmp_path):
+    from legion.sim2real.trajectories.record import TrainingVideo
+
+    cfg = compose("task=quadruped_flat", "robot=go2", "agent.video.every=1")
+    refused = r"agent.video: rendering draws the robot from its MJCF; go2.urdf .* viewer=web"
+    with pytest.raises(ValueError, match=refused):
+        TrainingVideo(tmp_path, cfg, lambda cfg: pytest.fail("no env is built for a video that cannot be drawn"))

@@ -395,7 +395,11 @@ class TrainingVideo:
                                        task=dataclasses.replace(cfg.task, episode_length_s=min(
                                            cfg.task.episode_length_s, video.max_seconds)))
         # The renderer first: a robot it cannot draw stops the run before training starts.
-        self.renderer = media.SceneRenderer(self.cfg, video.height, video.width)
+        try:
+            self.renderer = media.SceneRenderer(self.cfg, video.height, video.width)
+        except ValueError as e:
+            raise ValueError(f"agent.video: {e} Train without videos (agent.video.every=null) and watch the "
+                             "policy with legion play viewer=web, which draws any robot.") from None
         with _generators_kept(cfg.device):
             seed_everything(cfg.seed)
             self.env = make_env(self.cfg)
