@@ -144,9 +144,13 @@ def _listen(url: str, seconds: float, send: list[dict] | None = None) -> list[di
 
 
 def test_a_websocket_client_sees_the_robot_move_and_its_command_reaches_the_env(live):
+    import shutil
+
     view, loaded = live
     assert view.url.startswith("http://127.0.0.1:")
-    messages = _listen(view.url, 6.0, send=[{"label": "lin_vel_x", "value": 0.8}])
+    shutil.copy(loaded.run / "model_2.pt", loaded.run / "model_3.pt")  # the run trained on
+    messages = _listen(view.url, 6.0, send=[{"label": "lin_vel_x", "value": 0.8},
+                                            {"label": "Reload newest checkpoint", "value": True}])
     updates = [m for m in messages if m["type"] == "SceneNodeUpdateMessage" and m["name"].startswith("/model/shapes/")
                and "batched_positions" in m["updates"]]
     # The quadruped's shapes, batched by geometry (the followed world only): each node's poses.
@@ -158,7 +162,8 @@ def test_a_websocket_client_sees_the_robot_move_and_its_command_reaches_the_env(
     time.sleep(0.5)  # the viewer applies browser changes between control steps
     command = loaded.env.command
     assert command.held and np.allclose(command.value[:, 0].cpu().numpy(), 0.8, atol=1e-6)
-    assert loaded.env.get_observations()["policy"] is not None
+    assert loaded.checkpoint.name == "model_3.pt"  # the button reloaded the newest checkpoint
+    (loaded.run / "model_3.pt").unlink()
 
 
 @needs_chromium
