@@ -551,16 +551,22 @@ def replay(args: list[str]) -> None:
 
     view = ReplayView(live, html, options["host"], _number("port", options["port"]), f"legion-rl: {path.name}") \
         if live or html else None
-    result, written = replay_command(path, options["mode"], episodes, options["device"], video, plots,
-                                     options["out"], _flag("overwrite", options["overwrite"]), view)
+    try:
+        result, written = replay_command(path, options["mode"], episodes, options["device"], video, plots,
+                                         options["out"], _flag("overwrite", options["overwrite"]), view)
+    except BaseException as e:  # the viewer's server goes with the replay (a recording's stopped in finish())
+        if view is not None:
+            view.close()
+        if isinstance(e, KeyboardInterrupt):
+            print("\n[legion] replay stopped", flush=True)
+            return
+        raise
     print(result.report())
     if written:
         print(f"[legion] wrote {len(written)} files into {written[0].parent}")
     if view is not None and live:
         print("[legion] the replay ended; the viewer shows its last frame until Ctrl-C", flush=True)
         view.serve_until_stopped()
-    elif view is not None:
-        view.close()
 
 
 def dataset(args: list[str]) -> None:

@@ -291,7 +291,7 @@ class ReplayView:
             self.view.show(0.0)
             self.start = self.view._followed_position()
             return
-        while self.live and not self.view.should_step() and self.view.running:
+        while self.live and self.view.running and not self.view.should_step():
             self.view.apply_requests()
             self.view.show(0.0)
             time.sleep(0.02)
@@ -301,13 +301,16 @@ class ReplayView:
             self.view.pace(env.step_dt)
 
     def finish(self) -> list[Path]:
-        """Writes ``<out>/replay.html`` (if asked); returns what it wrote. A live view stays open."""
+        """Writes ``<out>/replay.html`` (if asked); returns what it wrote. A live view stays open
+        (:meth:`serve_until_stopped`); a recording's server stops here."""
         if self.view is None or not self.html:
             return []
         recording = self.out / ".replay.viser"
         self.view.viewer.save_recording()
         data = recording.read_bytes()
         recording.unlink()
+        if not self.live:
+            self.close()
         # The file's camera does not follow: it looks at the start from twice the live view's distance.
         camera = (self.start + 2 * CAMERA_OFFSET, self.start)
         return [write_html(data, self.out / "replay.html", self.title, camera)]
@@ -326,6 +329,7 @@ class ReplayView:
     def close(self) -> None:
         if self.view is not None:
             self.view.close()
+            self.view = None
 
 
 def write_html(recording: bytes, path: Path, title: str, camera: tuple[np.ndarray, np.ndarray] | None = None) -> Path:
