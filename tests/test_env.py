@@ -253,28 +253,38 @@ def test_capturing_the_step_needs_cuda_and_the_error_says_what_to_do():
 @pytest.mark.parametrize("task", [
     ("task=quadruped_rough", PUSHES, *SMALL_TERRAIN),
     ("task=arm_lift",),
-], ids=["rough", "lift"])
+    ("task=arm_lift_ik",),
+], ids=["rough", "lift", "lift_ik"])
 def test_a_captured_step_gives_the_eager_steps_observations_rewards_and_dones(task):
     """The replayed graph against the eager step on the same seed and actions, over resets,
     command resampling and pushes, after a full reset between two replays, then with noise off
-    (a new capture)."""
+    (a new capture). MuJoCo Warp on CUDA is not bit for bit: its atomics gather contacts and sum
+    forces in any order, so two eager envs of one seed already drift apart on many contacts
+    (rough terrain). The captured env is held to that drift, measured here by an eager twin,
+    plus the tolerance a single reordered sum needs."""
     overrides = (*task, "device=cuda:0", "sim.num_envs=64", "task.episode_length_s=0.3",
                  "task.command.resampling_time_s=0.2")
-    eager, captured = make_env(*overrides), make_env(*overrides, "sim.capture_step=true")
+    eager, twin, captured = make_env(*overrides), make_env(*overrides), make_env(*overrides, "sim.capture_step=true")
     actions = torch.randn(60, 64, eager.num_actions, generator=torch.Generator().manual_seed(0)).cuda() * 0.3
-    resets = 0
+    resets, drift, gap = 0, {}, {}  # drift: eager vs twin; gap: eager vs captured (running maxima)
     for i in range(60):
         if i == 30:
-            eager.reset()
-            captured.reset()
+            for env in (eager, twin, captured):
+                env.reset()
         if i == 45:
-            eager.noise_enabled = captured.noise_enabled = False
-        (obs_e, rew_e, done_e, extras_e), (obs_c, rew_c, done_c, extras_c) = (eager.step(actions[i]),
-                                                                              captured.step(actions[i]))
-        assert torch.equal(done_e, done_c) and torch.equal(extras_e["time_outs"], extras_c["time_outs"]), i
-        assert extras_e["episodes"]["count"] == extras_c["episodes"]["count"], i
-        for group in obs_e.keys():  # Warp's atomics sum contact forces in any order: not bit for bit
-            assert torch.allclose(obs_e[group], obs_c[group], atol=1e-4, rtol=1e-4), (i, group)
-        assert torch.allclose(rew_e, rew_c, atol=1e-5, rtol=1e-4), i
+            eager.noise_enabled = twin.noise_enabled = captured.noise_enabled = False
+        (obs_e, rew_e, done_e, extras_e), (obs_t, rew_t, done_t, _), (obs_c, rew_c, done_c, extras_c) = (
+            env.step(actions[i]) for env in (eager, twin, captured))
+        for name, (twin_value, captured_value, value) in {
+                **{group: (obs_t[group], obs_c[group], obs_e[group]) for group in obs_e.keys()},
+                "reward": (rew_t, rew_c, rew_e), "dones": (done_t.sum(), done_c.sum(), done_e.sum())}.items():
+            drift[name] = max(drift.get(name, 0.0), float((value.float() - twin_value.float()).abs().max()))
+            gap[name] = max(gap.get(name, 0.0), float((value.float() - captured_value.float()).abs().max()))
         resets += int(done_e.sum())
+        if drift["dones"] == 0:  # the same episodes so far: the bookkeeping must match exactly
+            assert torch.equal(done_e, done_c) and torch.equal(extras_e["time_outs"], extras_c["time_outs"]), i
+            assert extras_e["episodes"]["count"] == extras_c["episodes"]["count"], i
+    print(f"\n{task[0]}: max |eager - eager twin| {drift}\n{' ' * len(task[0])}  max |eager - captured| {gap}")
+    for name in drift:
+        assert gap[name] <= 2 * drift[name] + 1e-4, (name, gap[name], drift[name])
     assert captured.captured.graph is not None and resets >= 64
