@@ -11,6 +11,7 @@ from test_sim import stand as place_standing
 
 from legion.configs.schema import Robot, Scene
 from legion.tasks.sim import NewtonSim
+from legion.tasks.sim.solver import SOLVERS, adapter
 
 MASS = 22.472  # kg, tasks/assets/quadruped.xml
 
@@ -32,8 +33,9 @@ def feet_force(sim: NewtonSim) -> torch.Tensor:
 def test_auto_is_c_on_a_cpu_and_bad_choices_are_named():
     assert NewtonSim(num_envs=1, **QUAD).backend == "c"
     assert NewtonSim(num_envs=1, backend="warp", **QUAD).backend == "warp"
+    # auto on another solver: Warp's (chosen before anything is built; test_solvers builds XPBD)
+    assert adapter("xpbd", "auto", "cpu") is SOLVERS["xpbd"]
     pole = Scene(robot=Robot(file="cartpole.xml"), ground=None, contact_sensing=False)
-    assert NewtonSim(pole, num_envs=1, dt=0.005, decimation=1, solver="xpbd").backend == "warp"
     with pytest.raises(ValueError, match="sim.backend=c is MuJoCo's C library: it steps sim=mujoco only"):
         NewtonSim(pole, num_envs=1, dt=0.005, decimation=1, solver="xpbd", backend="c")
     with pytest.raises(ValueError, match=r"Unknown sim.backend 'gpu'; choose one of \['auto', 'warp', 'c'\]"):
