@@ -78,6 +78,9 @@ class Robot:
     file: str = MISSING
     floating_base: Optional[bool] = None  # None: the file's (MJCF: a freejoint; URDF and USD: fixed)
     collapse_fixed_joints: bool = False  # merge bodies joined by fixed joints (URDF rotor links: fewer bodies)
+    # the robot's own controller cancels gravity on its links, as a Franka's does under torque or
+    # impedance control (MuJoCo's body gravcomp; sim=mujoco): a stiff pose hold without a sag
+    gravity_compensation: bool = False
     root_height: Optional[float] = None  # floating base: initial base height [m] (None: the model's)
     joint_pos: dict[str, float] = field(default_factory=dict)  # default pose, joint-name regex -> [rad or m]
     # name -> body regex: the groups the tasks name (feet, base, the contacts that end an episode,

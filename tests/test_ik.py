@@ -82,10 +82,12 @@ def test_task_space_actions_reach_a_pose_and_approach_one_out_of_reach(arm):
     assert ((q >= limits[:, 0] - 1e-3) & (q <= limits[:, 1] + 1e-3)).all()
 
 
-@pytest.mark.parametrize("task, expert", [("arm_lift_ik", "lift"), ("arm_lift", "lift_joint_space")])
-def test_the_scripted_expert_lifts_the_cube_to_its_goal(task, expert):
-    """In task space, and through its own IK as the joint targets of arm_lift's joint action."""
-    env = make_env(f"task={task}", "sim.num_envs=8")
+@pytest.mark.parametrize("task, expert, robot", [
+    ("arm_lift_ik", "lift", "arm"), ("arm_lift", "lift_joint_space", "arm"), ("arm_lift_ik", "lift", "panda")])
+def test_the_scripted_expert_lifts_the_cube_to_its_goal(task, expert, robot):
+    """In task space, and through its own IK as the joint targets of arm_lift's joint action; on
+    the Franka Panda as well (its controller's gravity compensation and coupled fingers modelled)."""
+    env = make_env(f"task={task}", f"robot={robot}", "sim.num_envs=8")
     policy = scripted_policy(f"scripted:legion.tasks.manipulation.expert:{expert}", env)
     obs = env.reset()
     with torch.inference_mode():

@@ -42,11 +42,31 @@ def test_each_robot_loads_offline_with_its_base_joints_and_the_gains_of_its_conf
         for j, value in enumerate(expected):
             if value is not None:
                 assert actual[:, j].tolist() == pytest.approx([value] * 2, rel=1e-6), articulation.joint_names[j]
-    assert (articulation.joint_stiffness > 0).all()
+    # every joint is driven, except the Panda's finger 2: its URDF mimic couples it to finger 1
+    assert (articulation.joint_stiffness > 0).sum(1).tolist() == [num_joints - (robot == "panda")] * 2
     if robot == "go2":  # the URDF's limits (Unitree's figures) and its DC motors
         assert sim.motor_joint_ids.tolist() == list(range(12))
         knees = articulation.find_joints(".*_calf_joint")
         assert articulation.joint_effort_limit[0, knees].tolist() == pytest.approx([45.43] * 4)
+
+
+@needs_robots
+def test_the_pandas_controller_holds_its_pose_against_gravity_and_without_it_the_arm_sags():
+    """Franka's controller compensates the arm's gravity (configs/robot/panda.yaml): the tool centre
+    point stays put for a second at the default pose; with task.scene.robot.gravity_compensation=false
+    the same servos let it sag by centimetres."""
+    moved = {}
+    for compensated in (True, False):
+        env = make_env("task=arm_reach", "robot=panda", "sim.num_envs=1",
+                       f"task.scene.robot.gravity_compensation={str(compensated).lower()}")
+        robot, tcp = env.robot, env.robot.find_bodies("panda_hand_tcp")
+        robot.joint_pos[:], robot.joint_vel[:] = robot.default_joint_pos, 0.0  # at rest on its targets
+        env.sim.reset(torch.arange(1))
+        start = robot.body_pos_w[:, tcp].clone()
+        for _ in range(50):  # 1 s of control steps, every target at the default pose
+            env.sim.step()
+        moved[compensated] = (robot.body_pos_w[:, tcp] - start).norm().item()
+    assert moved[True] < 1e-3 and moved[False] > 0.02, moved
 
 
 @needs_robots

@@ -138,6 +138,13 @@ def add_robot(world, robot: RobotCfg, newton) -> None:
         raise ValueError(f"Robot model {path} has no bodies.")
     shapes = range(first_shape, world.shape_count)
     body_names = {b: short_label(world.body_label[b]) for b in range(first_body, world.body_count)}
+    if robot.gravity_compensation:
+        gravcomp = world.custom_attributes.get("mujoco:gravcomp")
+        if gravcomp is None:
+            raise ValueError("task.scene.robot.gravity_compensation: MuJoCo's body gravcomp needs sim=mujoco.")
+        gravcomp.values = gravcomp.values or {}  # a body attribute's values: body index -> value
+        for body in body_names:
+            gravcomp.values[body] = 1.0
     _simplify_collisions(world, robot.collision, shapes, body_names, newton, path)
     free = int(newton.JointType.FREE)
     dofs, names = [], []
