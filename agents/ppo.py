@@ -47,6 +47,14 @@ def _build_critic(obs: TensorDict, cfg: Agent) -> MLPModel:
     return MLPModel(obs, obs_groups_for(obs), "critic", 1, **asdict(cfg.critic))
 
 
+def load_actor(obs: TensorDict, num_actions: int, cfg: Agent, policy: dict, device: str) -> MLPModel:
+    """A trained actor alone, with its observation normalizer, from a checkpoint's ``policy``
+    (:func:`policy_state`), sized from ``obs`` (its ``policy`` group), in evaluation mode."""
+    actor = _build_actor(obs, num_actions, cfg)
+    actor.load_state_dict(policy["actor_state_dict"])
+    return actor.to(device).eval()
+
+
 def build_ppo(env: VecEnv, cfg: Agent, device: str, storage: RolloutStorage | None = None,
               group=None) -> PPO:
     """rsl-rl's PPO with MLP actor (Gaussian) and critic, sized from the env's observations.

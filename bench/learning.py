@@ -48,7 +48,7 @@ from legion.agents import distributed
 from legion.agents.checkpoints import latest_good_checkpoint
 from legion.api import seed_everything
 from legion.configs import load_run_config, save_config
-from legion.sim2real.trajectories.demos import imitation_inputs
+from legion.sim2real.trajectories.demos import imitation_inputs, with_teacher_observations
 
 WALK_ERROR, WALK_FALLS = 0.1, 0.05  # m/s forward tracking error, share of envs that fell
 
@@ -186,7 +186,7 @@ def main():
     if group:
         cfg.device, cfg.seed = device, cfg.seed + group.rank  # as legion train's ranks
     seed_everything(cfg.seed)
-    env = make_env(cfg)
+    env = make_env(with_teacher_observations(cfg))
     runner = make_runner(env, cfg.agent, log_dir=run_dir if main else None, device=cfg.device, group=group,
                          **imitation_inputs(cfg.agent, env))
     if previous:

@@ -347,7 +347,8 @@ class Imitation:
     """Learning from demonstrations, ``agent.mode=bc | dagger`` (agents/imitation.py)."""
 
     demos: list[str] = field(default_factory=list)  # trajectory files (legion record / legion dataset convert)
-    # dagger: who labels the states the student visits: scripted:<module>:<function> (legion record's policy=)
+    # dagger: who labels the states the student visits: scripted:<module>:<function> (legion record's
+    # policy=), or run:<run folder or checkpoint>, a trained teacher acting on its own policy observations
     expert: Optional[str] = None
     learning_rate: float = 1.0e-3
     batch_size: int = 4096

@@ -104,8 +104,9 @@ def validate(cfg: schema.Train) -> None:
     if agent.mode == "bc" and not agent.imitation.demos:
         problems.append("agent.mode=bc: name the demonstrations, agent.imitation.demos=[demos.h5]")
     if agent.mode == "dagger" and not agent.imitation.expert:
-        problems.append("agent.mode=dagger: name the expert, e.g. "
-                        "agent.imitation.expert=scripted:legion.tasks.manipulation.expert:lift")
+        problems.append("agent.mode=dagger: name the expert, a scripted policy "
+                        "(agent.imitation.expert=scripted:legion.tasks.manipulation.expert:lift) or a trained run "
+                        "to distil (agent.imitation.expert=run:runs/<task>/<run>)")
     if agent.init_from is not None and not Path(agent.init_from).is_file():
         problems.append(f"agent.init_from={agent.init_from}: no such checkpoint file")
     if sim.solver not in SOLVERS:

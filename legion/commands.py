@@ -82,11 +82,12 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
         # Hydra creates a new run's folder before the job starts: empty (or absent) means new.
         new = main and not resume and not (run_dir.is_dir() and any(run_dir.iterdir()))
         try:
-            env = make_env(cfg)
+            from legion.sim2real.trajectories.demos import imitation_inputs, with_teacher_observations
+
+            env = make_env(with_teacher_observations(cfg))  # a distillation's env also observes for its teacher
             if main:
                 run_dir.mkdir(parents=True, exist_ok=True)
                 save_config(saved, run_dir / "config.yaml")
-            from legion.sim2real.trajectories.demos import imitation_inputs
 
             runner = make_runner(env, cfg.agent, log_dir=run_dir if main else None, device=cfg.device, group=group,
                                  **imitation_inputs(cfg.agent, env))

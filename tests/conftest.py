@@ -45,10 +45,11 @@ def make_runner(*overrides: str, env=None, log_dir=None):
     """The runner ``agent.mode`` names, on ``env`` or a fresh env of the same config, seeded as training is."""
     import torch
 
+    from legion.sim2real.trajectories.demos import imitation_inputs, with_teacher_observations
+
     cfg = compose(*overrides)
     torch.manual_seed(cfg.seed)
-    env = env or api.make_env(cfg)
-    from legion.sim2real.trajectories.demos import imitation_inputs
+    env = env or api.make_env(with_teacher_observations(cfg))
 
     return api.make_runner(env, cfg.agent, log_dir=log_dir, device=cfg.device, **imitation_inputs(cfg.agent, env))
 

@@ -1,5 +1,6 @@
 """Learning from demonstrations (issue 30): behaviour cloning and DAgger on the PPO's actor,
-PPO started from their checkpoint, and demonstrations of another task or robot refused."""
+PPO started from their checkpoint, and demonstrations of another task or robot refused; and
+teacher-student distillation (issue 28): DAgger with a trained run as the expert."""
 
 import pytest
 import torch
@@ -90,3 +91,43 @@ def test_demonstrations_of_another_task_robot_or_observation_layout_are_refused(
                     "~task.observations.policy.tcp_position")
     with pytest.raises(api.ConfigError, match=r"agent.mode=bc: name the demonstrations, agent.imitation.demos"):
         api.validate(compose("task=arm_lift_ik", "agent=bc"))
+
+
+# --- distillation: a trained run labels, on its own (privileged) observations ----------------------
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    """A quadruped_flat run of one PPO iteration: its policy observes the base's linear velocity."""
+    run = tmp_path_factory.mktemp("teacher") / "run"
+    commands.train(compose("task=quadruped_flat", "sim.num_envs=8", "agent.max_iterations=1",
+                           "agent.num_steps_per_env=8"), run)
+    return run
+
+
+def test_a_student_that_measures_less_learns_the_teachers_actions(teacher):
+    runner = make_runner("task=quadruped_flat_deployable", "sim.num_envs=8", "agent=distillation",
+                         f"agent.imitation.expert=run:{teacher}", "agent.num_steps_per_env=8",
+                         "agent.imitation.batch_size=256", "agent.imitation.updates_per_iteration=20")
+    layout = runner.env.observation_layout()
+    assert "base_lin_vel" in [t["name"] for t in layout["teacher"]]  # privileged: the teacher's alone
+    assert "base_lin_vel" not in [t["name"] for t in layout["policy"]]
+    obs = runner.env.get_observations()
+    played = api.load_run(teacher, num_envs=8).runner.ppo.actor  # the teacher as legion play runs it
+    with torch.no_grad():
+        assert torch.allclose(runner.expert(obs), played(TensorDict({"policy": obs["teacher"]}, batch_size=[8])))
+    runner.learn(10)
+    # the share of the teacher's actions (their variance over the visited states) the student explains
+    explained = 1 - cloning_error(runner) / runner.labels.var(0).mean().item()
+    assert explained > 0.75, explained  # none learned: <= 0 (the labels have a mean too)
+
+
+def test_a_teacher_of_another_robot_or_action_is_refused_by_name(teacher):
+    from legion.sim2real.trajectories.demos import with_teacher_observations
+
+    student = ("task=quadruped_flat_deployable", "agent=distillation", f"agent.imitation.expert=run:{teacher}")
+    with pytest.raises(api.ConfigError, match=r"the teacher drives .*quadruped.xml; this task's robot is .*go2.urdf"):
+        with_teacher_observations(compose(*student, "robot=go2"))
+    with pytest.raises(api.ConfigError, match=r"the teacher acts through .*scale=0.25.*; this task through "
+                                              r".*scale=0.5"):
+        with_teacher_observations(compose(*student, "task.action.scale=0.5"))
+    with pytest.raises(api.ConfigError, match="run:/no/such/run: no such run folder or checkpoint"):
+        with_teacher_observations(compose(*student[:-1], "agent.imitation.expert=run:/no/such/run"))

@@ -1,15 +1,25 @@
 """Demonstrations for learning from them (``agent.mode=bc | dagger``,
 :class:`legion.agents.imitation.ImitationRunner`): read from trajectory files or LeRobot datasets
-and checked against the task, and the expert a DAgger run asks for labels.
+and checked against the task, and the expert a DAgger run asks for labels: a scripted policy
+(``agent.imitation.expert=scripted:<module>:<function>``) or a trained run, the teacher of a
+teacher-student distillation (``run:<run folder or checkpoint>``).
+
+A teacher acts on its own policy observations, privileged ones included (a base velocity a robot
+cannot measure, a height scan), while the student learns on the task's: :func:`with_teacher_observations`
+adds the teacher's observations to the student's env as the group ``teacher`` before it is built.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 
 import torch
+from tensordict import TensorDict
 
-from legion.configs.schema import Agent
+from legion.configs import ConfigError, load_run_config
+from legion.configs.schema import Agent, Train
 
 
 def imitation_inputs(agent: Agent, env) -> dict:
@@ -20,9 +30,72 @@ def imitation_inputs(agent: Agent, env) -> dict:
 
     if agent.mode not in ("bc", "dagger"):
         return {}
-    imitation = agent.imitation
-    return {"demos": load_demos(imitation.demos, env) if imitation.demos else None,
-            "expert": scripted_policy(imitation.expert, env) if agent.mode == "dagger" and imitation.expert else None}
+    imitation, teacher = agent.imitation, teacher_path(agent)
+    expert = None
+    if teacher is not None:
+        expert = teacher_policy(teacher, env)
+    elif agent.mode == "dagger" and imitation.expert:
+        expert = scripted_policy(imitation.expert, env)
+    return {"demos": load_demos(imitation.demos, env) if imitation.demos else None, "expert": expert}
+
+
+def teacher_path(agent: Agent) -> Path | None:
+    """The run folder or checkpoint of a distillation's teacher (``agent.imitation.expert=run:<path>``)."""
+    spec = agent.imitation.expert
+    if agent.mode != "dagger" or not spec or not spec.startswith("run:"):
+        return None
+    path = Path(spec.removeprefix("run:"))
+    if not path.exists():
+        raise ConfigError(f"agent.imitation.expert={spec}: no such run folder or checkpoint. A teacher is a trained "
+                          "run: run:runs/<task>/<run> (its newest good checkpoint) or run:<...>/model_<N>.pt")
+    return path
+
+
+def with_teacher_observations(cfg: Train) -> Train:
+    """``cfg`` with its teacher's policy observations as the observation group ``teacher``, when
+    ``agent.imitation.expert`` names a trained run (otherwise ``cfg`` itself). The teacher must
+    drive the same robot through the same action, or its labels would mean something else: both
+    are checked, by name."""
+    path = teacher_path(cfg.agent)
+    if path is None:
+        return cfg
+    from legion.tasks.sim import resolve_asset
+
+    teacher = load_run_config(path if path.is_dir() else path.parent)
+    spec = cfg.agent.imitation.expert
+    robot, teacher_robot = resolve_asset(cfg.task.scene.robot.file), resolve_asset(teacher.task.scene.robot.file)
+    if robot != teacher_robot:
+        raise ConfigError(f"agent.imitation.expert={spec}: the teacher drives {teacher_robot}; this task's robot is "
+                          f"{robot}. Distil onto the teacher's robot (robot=...), or train a teacher on this one.")
+    if teacher.task.action != cfg.task.action:
+        raise ConfigError(f"agent.imitation.expert={spec}: the teacher acts through {teacher.task.action}; this task "
+                          f"through {cfg.task.action}. Its labels are actions of that kind: give the student the "
+                          "teacher's task.action.")
+    observations = {**cfg.task.observations, "teacher": copy.deepcopy(teacher.task.observations["policy"])}
+    return dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, observations=observations))
+
+
+def teacher_policy(path: Path, env):
+    """The trained run's actor (its newest good checkpoint, or the one ``path`` names) as an
+    expert: observations -> its deterministic actions on the ``teacher`` group."""
+    from legion.agents.checkpoints import CheckpointError, latest_good_checkpoint, load_checkpoint
+    from legion.agents.ppo import load_actor
+
+    obs = env.get_observations()
+    if "teacher" not in obs.keys():
+        raise ValueError("this env has no 'teacher' observations: build it from with_teacher_observations(cfg)")
+    teacher = load_run_config(path if path.is_dir() else path.parent)
+    try:
+        checkpoint = load_checkpoint(path) if path.is_file() else latest_good_checkpoint(path)[1]
+        actor = load_actor(TensorDict({"policy": obs["teacher"]}, batch_size=obs.batch_size), env.num_actions,
+                           teacher.agent, checkpoint["policy"], env.device)
+    except (CheckpointError, RuntimeError, KeyError) as e:
+        raise ConfigError(f"agent.imitation.expert=run:{path}: its policy cannot be loaded: {e}") from None
+
+    def act(obs: TensorDict) -> torch.Tensor:
+        return actor(TensorDict({"policy": obs["teacher"]}, batch_size=obs.batch_size))
+
+    return act
 
 
 def load_demos(paths: list[str], env) -> tuple[torch.Tensor, torch.Tensor]:
