@@ -20,21 +20,29 @@ SMALL_TERRAIN = ("task.scene.ground.terrain.num_levels=3", "task.scene.ground.te
                  "task.scene.ground.terrain.border=2")
 
 
-def legion_in_process(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
-    """``legion <args>`` run by this process (no interpreter start-up: for the quick refusals);
-    returns the exit code, stdout and stderr."""
+def legion_in_process(*args: str) -> tuple[int, str, str]:
+    """``legion <args>`` run by this process, without the ~9 s of an interpreter's start-up and
+    imports; returns the exit code, stdout and stderr (what Python writes to them)."""
+    import contextlib
+    import io
     import sys
+    import traceback
 
     from legion import cli
 
-    monkeypatch.setattr(sys, "argv", ["legion", *args])
-    code = 0
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    sys.argv, code = ["legion", *args], 0
     try:
-        cli.main()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli.main()
     except SystemExit as e:
         code = int(e.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    except Exception:  # as the interpreter ends on an uncaught error: its traceback, exit code 1
+        err.write(traceback.format_exc())
+        code = 1
+    finally:
+        sys.argv = argv
+    return code, out.getvalue(), err.getvalue()
 
 
 def make_env(*overrides: str):

@@ -90,21 +90,22 @@ def test_a_misspelt_key_in_a_run_config_is_named_and_can_be_removed(tmp_path):
         load_run_config(tmp_path, ["task=quadruped_flat"])
 
 
-def test_bad_arguments_fail_first_with_exit_code_2(tmp_path):
+def test_bad_arguments_fail_first_with_exit_code_2(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     for args, message in ((["agent.lerning_rate=1"], "agent.lerning_rate: no such key"),
                           (["agent.max_iterations=abc"], "could not be converted to Integer"),
                           (["sim.num_envs=0", "agent.max_iterations=-1"],
                            "sim.num_envs=0: must be > 0\nagent.max_iterations=-1"),
                           (["device=cuda:0"], "device=cuda:0: CUDA is not available here: use device=cpu")):
-        result = legion("train", *args, cwd=tmp_path)
-        assert result.returncode == 2 and message in result.stderr, (args, result.stderr[-2000:])
-        assert "Traceback" not in result.stderr
+        code, _, err = legion_in_process("train", *args)
+        assert code == 2 and message in err and "Traceback" not in err, (args, err[-2000:])
     assert not (tmp_path / "runs").exists()  # nothing was started
 
 
-def test_a_run_whose_env_fails_to_build_leaves_no_run_folder(tmp_path):
-    result = legion("train", "task.scene.robot.file=missing.xml", "sim.num_envs=4", cwd=tmp_path)
-    assert result.returncode == 1 and "Robot model 'missing.xml' not found" in result.stderr
+def test_a_run_whose_env_fails_to_build_leaves_no_run_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = legion_in_process("train", "task.scene.robot.file=missing.xml", "sim.num_envs=4")
+    assert code == 1 and "Robot model 'missing.xml' not found" in err
     assert not list(tmp_path.glob("runs/*/*"))  # a run that never started leaves no folder behind
 
 
@@ -114,17 +115,17 @@ def test_resume_from_a_chosen_checkpoint(tmp_path):
     run = tmp_path / "run"
     commands.train(compose("task=cartpole", "sim.num_envs=16", "agent.num_steps_per_env=8", "agent.save_interval=1",
                        "agent.max_iterations=3"), run)
-    result = legion("train", f"resume={run}", f"checkpoint={run / 'model_1.pt'}", "agent.max_iterations=2",
-                    cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"resumed from {run / 'model_1.pt'} at iteration 1" in result.stdout
-    assert "[it 2/2]" in result.stdout and "[it 1/" not in result.stdout
+    code, out, err = legion_in_process("train", f"resume={run}", f"checkpoint={run / 'model_1.pt'}",
+                                       "agent.max_iterations=2")
+    assert code == 0, err[-3000:]
+    assert f"resumed from {run / 'model_1.pt'} at iteration 1" in out
+    assert "[it 2/2]" in out and "[it 1/" not in out
 
 
-def test_unknown_task_lists_the_valid_ones(tmp_path):
-    result = legion("train", "task=quadruped_flatt", cwd=tmp_path)
-    out = result.stderr + result.stdout
-    assert result.returncode == 2
+def test_unknown_task_lists_the_valid_ones():
+    code, out, err = legion_in_process("train", "task=quadruped_flatt")
+    out += err
+    assert code == 2
     assert "quadruped_flatt" in out and "cartpole" in out and "quadruped_flat\n" in out
 
 
@@ -147,7 +148,7 @@ def test_every_command_has_help(tmp_path):
         assert result.returncode == 0 and usage in result.stdout, command
 
 
-def test_multirun_then_play(tmp_path, capsys, monkeypatch):
+def test_multirun_then_play(tmp_path):
     tiny = ["sim.num_envs=32", "agent.max_iterations=2", "agent.num_steps_per_env=8"]
     result = legion("train", "-m", "seed=0,1", *tiny, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -163,9 +164,9 @@ def test_multirun_then_play(tmp_path, capsys, monkeypatch):
     episodes = [line for line in played.stdout.splitlines() if line.startswith("episode ")]
     assert len(episodes) == 3 and all("return" in e and "length" in e for e in episodes)
 
-    code, _, err = legion_in_process(capsys, monkeypatch, "play", f"run={tmp_path}")
+    code, _, err = legion_in_process("play", f"run={tmp_path}")
     assert code == 2 and "not a run folder" in err
-    code, _, err = legion_in_process(capsys, monkeypatch, "play", f"run={runs[0]}", "sim.num_env=4")
+    code, _, err = legion_in_process("play", f"run={runs[0]}", "sim.num_env=4")
     assert code == 2 and "sim.num_env" in err
 
     shown = legion("randomization", "task=cartpole", "sim.num_envs=4", cwd=tmp_path)

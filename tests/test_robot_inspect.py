@@ -178,23 +178,23 @@ def test_a_robot_without_actuators_is_told(out):
     validated(cartpole.yaml)
 
 
-def test_broken_and_missing_files_fail_with_one_line(tmp_path, capsys, monkeypatch):
+def test_broken_and_missing_files_fail_with_one_line(tmp_path):
     broken = tmp_path / "broken.urdf"
     broken.write_text('<robot name="r">\n  <link name="base">\n    <inertial><mass value="1"/>')  # truncated
     for path, problem in ((broken, "no element found"), (tmp_path / "missing.urdf", "not found")):
-        code, _, err = legion(capsys, monkeypatch, "robot", "inspect", str(path), f"out={tmp_path / 'out'}")
+        code, _, err = legion("robot", "inspect", str(path), f"out={tmp_path / 'out'}")
         assert code != 0 and err.count("\n") == 1, err
         assert err.startswith("legion robot: ") and path.name in err and problem in err, err
         assert "Traceback" not in err
     assert not (tmp_path / "out").exists()
 
 
-def test_cli_help_and_writing(out, capsys, monkeypatch):
-    code, help_text, _ = legion(capsys, monkeypatch, "robot", "inspect", "--help")
+def test_cli_help_and_writing(out):
+    code, help_text, _ = legion("robot", "inspect", "--help")
     assert code == 0 and "usage: legion robot inspect <file> [out=DIR]" in help_text
-    code, text, err = legion(capsys, monkeypatch, "robot", "inspect", "arm.xml", "--out", str(out / "arm"))
+    code, text, err = legion("robot", "inspect", "arm.xml", "--out", str(out / "arm"))
     assert code == 0, err
     assert "arm: MJCF" in text and "warnings: none" in text and f"wrote {out / 'arm' / 'arm.png'}" in text
     validated(out / "arm" / "arm.yaml")
-    code, _, err = legion(capsys, monkeypatch, "robot", "inspect", "arm.xml", f"out={out / 'arm'}")
+    code, _, err = legion("robot", "inspect", "arm.xml", f"out={out / 'arm'}")
     assert code == 2 and "arm.yaml exists" in err and "overwrite=true" in err  # a YAML may hold edits

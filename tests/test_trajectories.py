@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
 
 import h5py
@@ -18,16 +17,10 @@ import torch
 from conftest import ROOT, compose, legion_in_process
 from legion import api, commands, configs
 
-LEGION = [sys.executable, "-m", "legion"]
 RANDOMIZED = ["task.events.push.interval_s=[0.1,0.2]", "task.events.action_delay.enabled=true",
               "task.events.link_mass.enabled=true", "task.events.stiffness.enabled=true",
               "task.events.gravity_tilt.enabled=true", "task.events.restitution.enabled=true"]
 EPISODES = "meta/episodes/chunk-000/file-000.parquet"
-
-
-def legion(*args, cwd):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([*LEGION, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def make_run(folder, *overrides):
@@ -61,9 +54,9 @@ def cartpole(tmp_path_factory):
     """A cart-pole run and three episodes recorded through the command line."""
     root = tmp_path_factory.mktemp("cartpole")
     run = make_run(root / "run", "task=cartpole")
-    result = legion("record", f"run={run}", "episodes=3", "out=demos.h5", cwd=root)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return {"run": run, "file": root / "demos.h5", "root": root, "stdout": result.stdout}
+    code, out, err = legion_in_process("record", f"run={run}", "episodes=3", f"out={root / 'demos.h5'}")
+    assert code == 0, err[-3000:]
+    return {"run": run, "file": root / "demos.h5", "root": root, "stdout": out}
 
 
 # --- recording and exact replay ------------------------------------------------------------------
@@ -111,13 +104,13 @@ def test_states_replay_equals_the_recording_exactly(quadruped):
     assert result.bit_exact
 
 
-def test_record_and_replay_on_the_command_line(cartpole, tmp_path, capsys, monkeypatch):
+def test_record_and_replay_on_the_command_line(cartpole, tmp_path, monkeypatch):
     assert cartpole["stdout"].count("episode ") == 3 and "wrote" in cartpole["stdout"]
-    replayed = legion("replay", str(cartpole["file"]), cwd=tmp_path)
-    assert replayed.returncode == 0, replayed.stderr[-3000:]
-    assert "bit-exact: every state equals the recording" in replayed.stdout
-    played = legion("play", f"run={cartpole['run']}", "episodes=2", "record=played.h5", cwd=tmp_path)
-    assert played.returncode == 0, played.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)
+    code, out, err = legion_in_process("replay", str(cartpole["file"]))
+    assert code == 0 and "bit-exact: every state equals the recording" in out, err[-3000:]
+    code, out, err = legion_in_process("play", f"run={cartpole['run']}", "episodes=2", "record=played.h5")
+    assert code == 0, err[-3000:]
     from legion.sim2real.trajectories import TrajectoryFile
 
     with TrajectoryFile(tmp_path / "played.h5") as f:
@@ -126,8 +119,7 @@ def test_record_and_replay_on_the_command_line(cartpole, tmp_path, capsys, monke
                           (["replay", str(cartpole["file"]), "mode=forward"], "mode=forward: choose mode=actions"),
                           (["replay", str(cartpole["file"]), "episodes=9"], "has no episode 9; it has 3"),
                           (["dataset", "convert", str(cartpole["file"]), "format=csv"], "format=csv: choose")):
-        monkeypatch.chdir(tmp_path)
-        code, _, err = legion_in_process(capsys, monkeypatch, *args)
+        code, _, err = legion_in_process(*args)
         assert code == 2 and message in err and "Traceback" not in err, (args, err)
 
 
@@ -209,8 +201,8 @@ def test_existing_outputs_are_never_overwritten_silently(cartpole, tmp_path):
     from legion.sim2real.trajectories.lerobot import to_lerobot
 
     before = cartpole["file"].read_bytes()
-    again = legion("record", f"run={cartpole['run']}", "episodes=1", f"out={cartpole['file']}", cwd=tmp_path)
-    assert again.returncode == 2 and "exists; choose another out= or pass overwrite=true" in again.stderr
+    code, _, err = legion_in_process("record", f"run={cartpole['run']}", "episodes=1", f"out={cartpole['file']}")
+    assert code == 2 and "exists; choose another out= or pass overwrite=true" in err
     assert cartpole["file"].read_bytes() == before
     with pytest.raises(TrajectoryFileError, match="exists; choose another out="):
         TrajectoryWriter(cartpole["file"], {"source": "sim", "config": ""})

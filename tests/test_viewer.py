@@ -54,14 +54,14 @@ def live(trained):
     thread.join(30)
 
 
-def test_legion_play_viewer_web_prints_its_loopback_address_and_stops_on_ctrl_c(trained, capsys, monkeypatch):
+def test_legion_play_viewer_web_prints_its_loopback_address_and_stops_on_ctrl_c(trained):
     import re
     import signal
     import subprocess
     import sys
     import urllib.request
 
-    code, _, err = legion_in_process(capsys, monkeypatch, "play", f"run={trained}", "viewer=gui")
+    code, _, err = legion_in_process("play", f"run={trained}", "viewer=gui")
     assert code == 2 and "viewer=gui: the viewer is viewer=web" in err
     play = subprocess.Popen([sys.executable, "-m", "legion", "play", f"run={trained}", "viewer=web", "port=0",
                              "sim.num_envs=1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
