@@ -58,7 +58,6 @@ def make_runner(*overrides: str, env=None, log_dir=None):
     cfg = compose(*overrides)
     torch.manual_seed(cfg.seed)
     env = env or api.make_env(with_teacher_observations(cfg))
-
     return api.make_runner(env, cfg.agent, log_dir=log_dir, device=cfg.device, **imitation_inputs(cfg.agent, env))
 
 

@@ -30,17 +30,18 @@ def imitation_inputs(agent: Agent, env) -> dict:
 
     if agent.mode not in ("bc", "dagger"):
         return {}
-    imitation, teacher = agent.imitation, teacher_path(agent)
+    imitation, teacher = agent.imitation, teacher_run(agent)
     expert = None
     if teacher is not None:
-        expert = teacher_policy(teacher, env)
+        expert = teacher_policy(*teacher, env)
     elif agent.mode == "dagger" and imitation.expert:
         expert = scripted_policy(imitation.expert, env)
     return {"demos": load_demos(imitation.demos, env) if imitation.demos else None, "expert": expert}
 
 
-def teacher_path(agent: Agent) -> Path | None:
-    """The run folder or checkpoint of a distillation's teacher (``agent.imitation.expert=run:<path>``)."""
+def teacher_run(agent: Agent) -> tuple[Path, Train] | None:
+    """The run folder or checkpoint a distillation's teacher is (``agent.imitation.expert=run:<path>``),
+    and that run's config."""
     spec = agent.imitation.expert
     if agent.mode != "dagger" or not spec or not spec.startswith("run:"):
         return None
@@ -48,7 +49,7 @@ def teacher_path(agent: Agent) -> Path | None:
     if not path.exists():
         raise ConfigError(f"agent.imitation.expert={spec}: no such run folder or checkpoint. A teacher is a trained "
                           "run: run:runs/<task>/<run> (its newest good checkpoint) or run:<...>/model_<N>.pt")
-    return path
+    return path, load_run_config(path if path.is_dir() else path.parent)
 
 
 def with_teacher_observations(cfg: Train) -> Train:
@@ -56,12 +57,12 @@ def with_teacher_observations(cfg: Train) -> Train:
     ``agent.imitation.expert`` names a trained run (otherwise ``cfg`` itself). The teacher must
     drive the same robot through the same action, or its labels would mean something else: both
     are checked, by name."""
-    path = teacher_path(cfg.agent)
-    if path is None:
+    found = teacher_run(cfg.agent)
+    if found is None:
         return cfg
     from legion.tasks.sim import resolve_asset
 
-    teacher = load_run_config(path if path.is_dir() else path.parent)
+    teacher = found[1]
     spec = cfg.agent.imitation.expert
     robot, teacher_robot = resolve_asset(cfg.task.scene.robot.file), resolve_asset(teacher.task.scene.robot.file)
     if robot != teacher_robot:
@@ -75,16 +76,15 @@ def with_teacher_observations(cfg: Train) -> Train:
     return dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, observations=observations))
 
 
-def teacher_policy(path: Path, env):
-    """The trained run's actor (its newest good checkpoint, or the one ``path`` names) as an
-    expert: observations -> its deterministic actions on the ``teacher`` group."""
+def teacher_policy(path: Path, teacher: Train, env):
+    """The trained run's actor (its newest good checkpoint, or the one ``path`` names; ``teacher``:
+    the run's config) as an expert: observations -> its deterministic actions on the ``teacher`` group."""
     from legion.agents.checkpoints import CheckpointError, latest_good_checkpoint, load_checkpoint
     from legion.agents.ppo import load_actor
 
     obs = env.get_observations()
     if "teacher" not in obs.keys():
         raise ValueError("this env has no 'teacher' observations: build it from with_teacher_observations(cfg)")
-    teacher = load_run_config(path if path.is_dir() else path.parent)
     try:
         checkpoint = load_checkpoint(path) if path.is_file() else latest_good_checkpoint(path)[1]
         actor = load_actor(TensorDict({"policy": obs["teacher"]}, batch_size=obs.batch_size), env.num_actions,
