@@ -140,6 +140,11 @@ class AsyncRunner(Runner):
         self.max_lag = cfg.max_policy_lag
         if self.max_lag < 0:
             raise ValueError(f"agent.max_policy_lag must be >= 0, got {self.max_lag}")
+        if self.max_lag > 0 and cfg.critic.rnn.type is not None:
+            raise ValueError(f"agent.critic.rnn.type={cfg.critic.rnn.type} needs agent.max_policy_lag=0 or agent.mode="
+                             "sync: at lag >= 1 the actor thread runs no critic, so no critic state exists for the "
+                             "learner's sequences. A recurrent actor (agent.actor.rnn) with a feed-forward critic "
+                             "works at any lag.")
         self.rho_clip, self.c_clip = cfg.vtrace.rho_clip, cfg.vtrace.c_clip
         self._device = torch.device(device)
         self._cuda = self._device.type == "cuda"
@@ -284,8 +289,9 @@ class AsyncRunner(Runner):
                 ppo.storage = rollout
                 self._check_rollout(rollout, info["nonfinite_max"])  # stops the run (the main thread re-raises)
                 with torch.inference_mode():
-                    if self.max_lag == 0:
-                        ppo.compute_returns(rollout.last_obs)  # on-policy: exactly sync PPO
+                    if self.max_lag == 0:  # on-policy: exactly sync PPO
+                        ppo.critic.reset(hidden_state=rollout.last_critic_state)  # a recurrent critic's
+                        ppo.compute_returns(rollout.last_obs)
                     else:
                         compute_returns_off_policy(ppo, rollout, self.rho_clip, self.c_clip)
                 try:
@@ -382,6 +388,7 @@ class AsyncRunner(Runner):
                     rollout.versions.append(version)
                     stats.step(rewards, dones, extras)
                 rollout.last_obs.copy_(obs)
+                rollout.last_critic_state = clone_tree(behaviour.critic.get_hidden_state())
                 self._actor_env_state = self._env_state()
                 info = {**stats.end(), "collect_s": time.perf_counter() - t0}
                 # Never full: see _wait_for_version.

@@ -44,6 +44,9 @@ class ImitationRunner(Runner):
         if cfg.mode == "bc" and demos is None or cfg.mode == "dagger" and expert is None:
             raise ValueError(f"agent.mode={cfg.mode} needs {'demonstrations' if cfg.mode == 'bc' else 'an expert'}: "
                              "make the runner with legion.sim2real.trajectories.demos.imitation_inputs(cfg.agent, env)")
+        if cfg.actor.rnn.type is not None:
+            raise ValueError(f"agent.mode={cfg.mode} trains a feed-forward actor on single states (agent.actor.rnn."
+                             f"type={cfg.actor.rnn.type}): a recurrent actor learns with agent.mode=sync or async.")
         super().__init__(env, cfg, log_dir, device)
         self.imitation, self.expert = cfg.imitation, expert
         if demos is not None:

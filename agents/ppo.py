@@ -20,11 +20,11 @@ from typing import TypeVar, cast
 import torch
 from rsl_rl.algorithms import PPO
 from rsl_rl.env import VecEnv
-from rsl_rl.models import MLPModel
+from rsl_rl.models import MLPModel, RNNModel
 from rsl_rl.storage import RolloutStorage
 from tensordict import TensorDict
 
-from legion.configs.schema import Agent
+from legion.configs.schema import Agent, Network
 
 _Tree = TypeVar("_Tree")  # a tensor, or nested dicts/lists/tuples holding tensors
 
@@ -34,17 +34,27 @@ def obs_groups_for(obs) -> dict[str, list[str]]:
     return {"actor": ["policy"], "critic": ["critic"] if "critic" in obs.keys() else ["policy"]}
 
 
+def _build_model(obs: TensorDict, obs_set: str, output_dim: int, network: Network, **kwargs) -> MLPModel:
+    """rsl-rl's MLPModel, or its RNNModel (a GRU or LSTM before the MLP) where ``network.rnn.type`` is set."""
+    cfg = {k: v for k, v in asdict(network).items() if k not in ("rnn", "init_noise_std")}
+    rnn = network.rnn
+    if rnn.type is None:
+        return MLPModel(obs, obs_groups_for(obs), obs_set, output_dim, **cfg, **kwargs)
+    if rnn.type not in ("lstm", "gru"):
+        raise ValueError(f"agent.{obs_set}.rnn.type={rnn.type!r}: expected lstm, gru or null (a feed-forward MLP)")
+    return RNNModel(obs, obs_groups_for(obs), obs_set, output_dim, **cfg, **kwargs, rnn_type=rnn.type,
+                    rnn_hidden_dim=rnn.hidden_size, rnn_num_layers=rnn.num_layers)
+
+
 def _build_actor(obs: TensorDict, num_actions: int, cfg: Agent) -> MLPModel:
-    """MLP actor (Gaussian), sized from the observations."""
-    actor_cfg = asdict(cfg.actor)
-    init_std = actor_cfg.pop("init_noise_std")
-    return MLPModel(obs, obs_groups_for(obs), "actor", num_actions,
-                    distribution_cfg={"class_name": "GaussianDistribution", "init_std": init_std}, **actor_cfg)
+    """The actor (Gaussian), sized from the observations."""
+    return _build_model(obs, "actor", num_actions, cfg.actor,
+                        distribution_cfg={"class_name": "GaussianDistribution", "init_std": cfg.actor.init_noise_std})
 
 
 def _build_critic(obs: TensorDict, cfg: Agent) -> MLPModel:
-    """MLP critic, sized from the observations (built after the actor: the RNG draws its weights in that order)."""
-    return MLPModel(obs, obs_groups_for(obs), "critic", 1, **asdict(cfg.critic))
+    """The critic, sized from the observations (built after the actor: the RNG draws its weights in that order)."""
+    return _build_model(obs, "critic", 1, cfg.critic)
 
 
 def load_actor(obs: TensorDict, num_actions: int, cfg: Agent, policy: dict, device: str) -> MLPModel:
@@ -204,13 +214,20 @@ class RolloutBuffer(RolloutStorage):
         self.versions: list[int] = []
         self.time_outs = torch.zeros(num_steps, env.num_envs, 1, device=device)
         self.last_obs = obs.clone()
+        self.last_critic_state = None  # a recurrent critic's state after the last step (lag 0's bootstrap)
         self.stop = stop
 
-    def mini_batch_generator(self, num_mini_batches: int, num_epochs: int = 8):
-        for batch in super().mini_batch_generator(num_mini_batches, num_epochs):
+    def _stoppable(self, batches):
+        for batch in batches:
             if self.stop is not None and self.stop.is_set():
                 raise Stopped
             yield batch
+
+    def mini_batch_generator(self, num_mini_batches: int, num_epochs: int = 8):
+        return self._stoppable(super().mini_batch_generator(num_mini_batches, num_epochs))
+
+    def recurrent_mini_batch_generator(self, num_mini_batches: int, num_epochs: int = 8):
+        return self._stoppable(super().recurrent_mini_batch_generator(num_mini_batches, num_epochs))
 
 
 def vtrace(values, rewards, dones, last_values, log_rhos, gamma: float, lam: float,
@@ -267,6 +284,10 @@ def compute_returns_off_policy(ppo: PPO, rollout: RolloutBuffer, rho_clip: float
     adaptive rate shrank 3-25x below sync's, and quadruped_flat reached a mean reward of 0.9
     after 100 iterations where sync reached 3.8-4.6 (BENCHMARKS.md).
     (With ``normalize_advantage_per_mini_batch`` rsl-rl re-normalizes the weighted advantages.)
+
+    A recurrent actor is re-evaluated on the actor's sequences as the update will see them: each
+    trajectory from the recurrent state the behaviour policy stored at its start (zero after a
+    reset). The critic is feed-forward here (the actor thread runs none at lag >= 1).
     """
     st, T, N = rollout, rollout.num_transitions_per_env, rollout.num_envs
     obs = st.observations.flatten(0, 1)
@@ -274,8 +295,13 @@ def compute_returns_off_policy(ppo: PPO, rollout: RolloutBuffer, rho_clip: float
     last_values = ppo.critic(st.last_obs)
     actor = ppo.actor
     assert actor.distribution is not None, "the actor is built with a distribution (_build_actor)"
-    actor.distribution.update(actor.mlp(actor.get_latent(obs)))  # the distribution, without sampling
-    log_prob = actor.get_output_log_prob(st.actions.flatten(0, 1)).view(T, N, 1)
+    if actor.is_recurrent:  # one batch of every trajectory (RolloutStorage's: no stop check here)
+        batch = next(RolloutStorage.recurrent_mini_batch_generator(st, 1, 1))
+        latent, actions = actor.get_latent(batch.observations, batch.masks, batch.hidden_states[0]), st.actions
+    else:
+        latent, actions = actor.get_latent(obs), st.actions.flatten(0, 1)
+    actor.distribution.update(actor.mlp(latent))  # the distribution, without sampling
+    log_prob = actor.get_output_log_prob(actions).view(T, N, 1)
     # The actor had no critic: bootstrap time-outs here, as rsl-rl's process_env_step does.
     st.rewards += ppo.gamma * values * st.time_outs
     log_rhos = log_prob - st.actions_log_prob

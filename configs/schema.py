@@ -305,10 +305,22 @@ class Sim:
 
 # --- learning (rsl-rl's PPO; defaults as rsl-rl / legged_gym) ----------------------------------------
 @dataclass
+class Recurrent:
+    """A recurrent layer between the observations and the MLP (rsl-rl's RNNModel): it carries a
+    state across the steps of an episode (reset where an episode ends), so a policy can estimate
+    what it does not observe (e.g. the base velocity from the IMU and the joints)."""
+
+    type: Optional[str] = None  # lstm | gru; null: none (a feed-forward MLP)
+    hidden_size: int = 256
+    num_layers: int = 1
+
+
+@dataclass
 class Network:
     hidden_dims: list[int] = field(default_factory=lambda: [512, 256, 128])
     activation: str = "elu"
     obs_normalization: bool = True
+    rnn: Recurrent = field(default_factory=Recurrent)  # e.g. agent.actor.rnn.type=lstm
 
 
 @dataclass

@@ -31,6 +31,7 @@ def play(loaded: LoadedRun, episodes: int) -> Iterator[dict]:
     with torch.inference_mode():
         while finished < episodes:
             obs, rewards, dones, extras = env.step(policy(obs))
+            policy.reset(dones)  # a recurrent policy's state ends with its episode
             returns += rewards
             lengths += 1
             for i in dones.nonzero().squeeze(-1).tolist():

@@ -259,7 +259,8 @@ def watch_policy(loaded, host: str = "127.0.0.1", port: int = 8080, steps: int |
                 obs = env.get_observations()
             if viewer.should_step():
                 with torch.inference_mode():
-                    obs, _, _, _ = env.step(policy(obs))
+                    obs, _, dones, _ = env.step(policy(obs))
+                    policy.reset(dones)  # a recurrent policy's state ends with its episode
                 done += 1
             viewer.show(env.step_dt)
             viewer.pace(env.step_dt)

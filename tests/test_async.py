@@ -43,10 +43,12 @@ def _normalizers(runner):
     return [runner.ppo.actor.obs_normalizer, runner.ppo.critic.obs_normalizer]
 
 
-def test_async_with_lag_0_equals_sync_bit_for_bit():
-    sync = _runner("agent.mode=sync")
+@pytest.mark.parametrize("networks", [(), ("agent.actor.rnn.type=lstm", "agent.critic.rnn.type=gru")],
+                         ids=["mlp", "recurrent"])
+def test_async_with_lag_0_equals_sync_bit_for_bit(networks):
+    sync = _runner("agent.mode=sync", *networks)
     sync.learn(3)
-    lag0 = _runner("agent.mode=async", "agent.max_policy_lag=0")
+    lag0 = _runner("agent.mode=async", "agent.max_policy_lag=0", *networks)
     assert isinstance(lag0, AsyncRunner)
     lag0.learn(3)
     assert lag0.iteration == sync.iteration == 3

@@ -112,6 +112,7 @@ class ControlLoop:
         self.stopped: str | None = None  # why the loop stopped, once it has
         self.last_targets: np.ndarray | None = None
         self.last_joint_pos: np.ndarray | None = None
+        runner.reset()  # a (re)started loop starts the policy afresh: no last action, no recurrent state
 
     def clamp(self, targets: np.ndarray) -> np.ndarray:
         """Targets inside the joint limits and within ``max_target_rate * dt`` of the previous ones."""

@@ -92,10 +92,21 @@ def teacher_policy(path: Path, teacher: Train, env):
     except (CheckpointError, RuntimeError, KeyError) as e:
         raise ConfigError(f"agent.imitation.expert=run:{path}: its policy cannot be loaded: {e}") from None
 
-    def act(obs: TensorDict) -> torch.Tensor:
-        return actor(TensorDict({"policy": obs["teacher"]}, batch_size=obs.batch_size))
+    return TeacherPolicy(actor)
 
-    return act
+
+class TeacherPolicy:
+    """A trained actor acting on the ``teacher`` observation group; ``reset(dones)`` ends a
+    recurrent teacher's state with each episode, as in training."""
+
+    def __init__(self, actor):
+        self.actor = actor
+
+    def __call__(self, obs: TensorDict) -> torch.Tensor:
+        return self.actor(TensorDict({"policy": obs["teacher"]}, batch_size=obs.batch_size))
+
+    def reset(self, dones: torch.Tensor) -> None:
+        self.actor.reset(dones)
 
 
 def load_demos(paths: list[str], env) -> tuple[torch.Tensor, torch.Tensor]:
