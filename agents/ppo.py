@@ -67,7 +67,9 @@ def load_actor(obs: TensorDict, num_actions: int, cfg: Agent, policy: dict, devi
 
 def build_ppo(env: VecEnv, cfg: Agent, device: str, storage: RolloutStorage | None = None,
               group=None) -> PPO:
-    """rsl-rl's PPO with MLP actor (Gaussian) and critic, sized from the env's observations.
+    """rsl-rl's PPO with an actor (Gaussian) and a critic, MLP or recurrent (``agent.actor.rnn``,
+    ``agent.critic.rnn``), sized from the env's observations; with ``agent.symmetry``, rsl-rl's
+    symmetry extension on the env's mirror maps (``env.mirror``: :mod:`legion.tasks.symmetry`).
 
     ``group``: the :class:`legion.agents.distributed.Group` of a multi-process run; its PPO averages
     gradients and the adaptive learning rate's KL over the ranks and starts from rank 0's weights."""
@@ -76,8 +78,14 @@ def build_ppo(env: VecEnv, cfg: Agent, device: str, storage: RolloutStorage | No
     critic = _build_critic(obs, cfg)
     if storage is None:
         storage = RolloutStorage("rl", env.num_envs, cfg.num_steps_per_env, obs, [env.num_actions], device)
+    symmetry = cfg.symmetry
+    symmetry_cfg = None
+    if symmetry.augmentation or symmetry.mirror_loss:  # the env's mirror maps (legion.tasks.symmetry)
+        symmetry_cfg = {"env": env, "data_augmentation_func": env.mirror.augment,  # pyright: ignore[reportAttributeAccessIssue]
+                        "use_data_augmentation": symmetry.augmentation, "use_mirror_loss": symmetry.mirror_loss,
+                        "mirror_loss_coeff": symmetry.mirror_loss_coeff}
     ppo = PPO(actor, critic, storage, device=device, multi_gpu_cfg=group.ppo_cfg if group else None,
-              **asdict(cfg.algorithm))
+              symmetry_cfg=symmetry_cfg, **asdict(cfg.algorithm))
     if group is not None:
         ppo.broadcast_parameters()
     return ppo

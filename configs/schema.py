@@ -70,6 +70,16 @@ class Collision:
 
 
 @dataclass
+class MirrorMap:
+    """The robot's left-right symmetry in its sagittal (x-z) plane (agent.symmetry; tasks/symmetry.py)."""
+
+    swap: dict[str, str] = field(default_factory=dict)  # joint-name substrings that trade sides, e.g. {FL_: FR_}
+    # regex over joint names: the joints that turn the other way in the mirror (axes along x or
+    # z: roll and yaw); pitch joints (axis along y) keep their sign
+    negate: str = ""
+
+
+@dataclass
 class Robot:
     """The articulated robot, entity ``robot`` of the scene (configs/robot/: one file per robot)."""
 
@@ -89,6 +99,7 @@ class Robot:
     joints: dict[str, str] = field(default_factory=dict)  # name -> joint regex (e.g. arm, gripper)
     actuators: dict[str, Any] = entries(Actuator)  # name -> Actuator, applied in order (later wins)
     collision: Collision = field(default_factory=Collision)
+    mirror: MirrorMap = field(default_factory=MirrorMap)
 
 
 @dataclass
@@ -381,6 +392,17 @@ class Video:
 
 
 @dataclass
+class Symmetry:
+    """rsl-rl's symmetry extension (Mittal et al. 2024) with the robot's mirror map (robot.mirror):
+    mirrored copies of every mini-batch and/or a loss on the policy's disagreement with its own
+    mirror image. Feed-forward actor and critic only (rsl-rl)."""
+
+    augmentation: bool = False  # learn from each mini-batch and its mirror image
+    mirror_loss: bool = False  # add mirror_loss_coeff * |pi(mirror(obs)) - mirror(pi(obs))|^2
+    mirror_loss_coeff: float = 1.0
+
+
+@dataclass
 class Agent:
     # sync: collect, then update | async: collect rollout k+1 while updating on k | bc: behaviour
     # cloning of agent.imitation.demos | dagger: the same, plus the expert's labels of the states
@@ -410,6 +432,7 @@ class Agent:
     critic: Network = field(default_factory=Network)
     algorithm: Algorithm = field(default_factory=Algorithm)
     imitation: Imitation = field(default_factory=Imitation)
+    symmetry: Symmetry = field(default_factory=Symmetry)
     # a checkpoint (e.g. of a bc or dagger run) whose networks and normalizers a new run starts
     # from: not its iteration, optimizer or action std (agent.actor.init_noise_std)
     init_from: Optional[str] = None

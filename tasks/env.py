@@ -19,6 +19,7 @@ order; :mod:`legion.tasks.capture` records it as one CUDA graph.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 
@@ -31,6 +32,7 @@ from legion.tasks import managers, mdp
 from legion.tasks.capture import CapturedStep
 from legion.tasks.mdp import Term
 from legion.tasks.sim import SOLVER_LIMITS, NewtonSim
+from legion.tasks.symmetry import Mirror
 
 
 class LegionEnv(VecEnv):
@@ -143,6 +145,12 @@ class LegionEnv(VecEnv):
         """Uniform samples from the env's seeded generator."""
         u = torch.rand(shape, generator=self.generator, device=self.device)
         return low + (high - low) * u
+
+    @functools.cached_property
+    def mirror(self) -> Mirror:
+        """The left-right mirror of this task's observations and actions (:mod:`legion.tasks.symmetry`,
+        from ``robot.mirror``); raises :class:`~legion.tasks.symmetry.MirrorError` naming what has none."""
+        return Mirror(self)
 
     # --- VecEnv contract ------------------------------------------------------------------
     def get_observations(self) -> TensorDict:
