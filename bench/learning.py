@@ -74,6 +74,7 @@ def summarize(report: dict, train_s: float, iteration: int, env_steps: int, rewa
     row = {
         **progress,
         "forward_error": forward["vel_error_xy"] if forward else None,
+        "forward_drift": forward["lateral_drift"] if forward else None,  # signed v_y bias [m/s]
         "mean_error_xy": mean("vel_error_xy", moving) if moving else None,
         "mean_yaw_error": mean("yaw_rate_error", report["rows"]),
         "fall_rate": mean("fall_rate", report["rows"]),

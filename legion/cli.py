@@ -139,6 +139,7 @@ from a fresh reset, and the metrics are printed as a table and written to DIR (d
 Locomotion (velocity-command tasks), per command, over the steps after settle_s before any fall:
   vel_error_xy       mean |v_xy,cmd - v_xy| [m/s], base frame (none: every env of the command fell first)
   yaw_rate_error     mean |yaw rate_cmd - yaw rate| [rad/s]
+  lateral_drift      mean v_y - v_y,cmd [m/s], signed (+: to the left): the gait's left-right bias
   fall_rate          share of envs whose episode ended in a failure (a termination term)
   survival_s         mean time to that failure (duration_s if none) [s]
   terrain_level      mean terrain level of the envs (rough terrain: the levels the training

@@ -127,7 +127,9 @@ def locomotion(loaded: LoadedRun, options: Options) -> dict:
 
     Per command, over the envs holding it and the steps after ``settle_s`` before any fall:
     ``vel_error_xy`` mean |v_xy,cmd - v_xy| [m/s] and ``yaw_rate_error`` mean |yaw rate_cmd -
-    yaw rate| [rad/s], both in the base frame; ``fall_rate`` the share of envs whose episode
+    yaw rate| [rad/s], both in the base frame; ``lateral_drift`` mean v_y - v_y,cmd [m/s], signed
+    (positive: to the left), the gait's left-right bias (a mirror-symmetric policy drifts
+    neither way); ``fall_rate`` the share of envs whose episode
     ended in a failure; ``survival_s`` mean time to that failure (``duration_s`` if none);
     ``terrain_level`` the mean terrain level (rough terrain; ``None`` on a plane); ``power_w`` mean
     mechanical power sum |torque x joint velocity| [W]; ``cost_of_transport`` energy / (mass x g x
@@ -152,7 +154,8 @@ def locomotion(loaded: LoadedRun, options: Options) -> dict:
     settle = round(options.settle_s / env.step_dt)
     robot, dt, n = env.robot, env.step_dt, env.num_envs
     zeros = lambda *shape: torch.zeros(n, *shape, device=env.device)  # noqa: E731
-    sums = {"err_xy": zeros(), "err_yaw": zeros(), "steps": zeros(), "energy": zeros(), "path": zeros()}
+    sums = {"err_xy": zeros(), "err_yaw": zeros(), "drift": zeros(), "steps": zeros(), "energy": zeros(),
+            "path": zeros()}
     fell, survived = torch.zeros(n, dtype=torch.bool, device=env.device), zeros()
     series = torch.zeros(steps, count, 3, device=env.device)  # mean actual velocity per command group
     mass = robot.body_mass.sum(dim=1)
@@ -173,6 +176,7 @@ def locomotion(loaded: LoadedRun, options: Options) -> dict:
         error = velocity - command.value
         sums["err_xy"].add_(error[:, :2].norm(dim=1) * live)
         sums["err_yaw"].add_(error[:, 2].abs() * live)
+        sums["drift"].add_(error[:, 1] * live)
         sums["steps"].add_(live)
         power = (env.action.applied_torque() * robot.joint_vel[:, env.action.joint_ids]).abs().sum(dim=1)
         sums["energy"].add_(power * dt * live)
@@ -188,6 +192,7 @@ def locomotion(loaded: LoadedRun, options: Options) -> dict:
     result = {
         "vel_error_xy": group(sums["err_xy"]).sum(1) / measured,
         "yaw_rate_error": group(sums["err_yaw"]).sum(1) / measured,
+        "lateral_drift": group(sums["drift"]).sum(1) / measured,
         "fall_rate": group(fell.float()).mean(1),
         "survival_s": group(survived).mean(1),
         "power_w": group(sums["energy"]).sum(1) / (measured * dt),
@@ -206,6 +211,7 @@ def locomotion(loaded: LoadedRun, options: Options) -> dict:
             "command": name, "v_x": held[i][0], "v_y": held[i][1], "yaw_rate": held[i][2],
             "clamped": held[i] != asked[i],
             "vel_error_xy": defined(result["vel_error_xy"][i]), "yaw_rate_error": defined(result["yaw_rate_error"][i]),
+            "lateral_drift": defined(result["lateral_drift"][i]),
             "fall_rate": result["fall_rate"][i], "survival_s": result["survival_s"][i],
             "terrain_level": result["terrain_level"][i] if levels is not None else None,
             "power_w": defined(result["power_w"][i]),

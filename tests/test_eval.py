@@ -38,14 +38,17 @@ def still_run(tmp_path_factory):
 def test_a_standing_policy_misses_a_forward_command_by_its_speed_and_never_falls(still_run):
     from legion.evaluation import Options, evaluate
 
-    options = Options(commands={"forward": [1.0, 0.0, 0.0], "yaw": [0.0, 0.0, 0.8], "stand": [0.0, 0.0, 0.0]},
+    options = Options(commands={"forward": [1.0, 0.0, 0.0], "yaw": [0.0, 0.0, 0.8], "stand": [0.0, 0.0, 0.0],
+                                "lateral": [0.0, 0.5, 0.0]},
                       envs_per_command=2, duration_s=2.0, settle_s=1.0, randomization="off")
     report = evaluate(still_run, options)
-    forward, yaw, stand = report["rows"]
+    forward, yaw, stand, lateral = report["rows"]
     assert report["device"] == "cpu" and report["iteration"] == 1
     assert forward["vel_error_xy"] == pytest.approx(1.0, abs=0.05)  # it stands: the error is the command
     assert yaw["yaw_rate_error"] == pytest.approx(0.8, abs=0.05) and yaw["vel_error_xy"] < 0.05
     assert stand["vel_error_xy"] < 0.05 and stand["yaw_rate_error"] < 0.05
+    # standing still: no drift at a forward command, 0.5 m/s to the right of a leftward one
+    assert abs(forward["lateral_drift"]) < 0.05 and lateral["lateral_drift"] == pytest.approx(-0.5, abs=0.05)
     for row in (forward, yaw, stand):
         assert row["fall_rate"] == 0.0 and row["survival_s"] == pytest.approx(2.0)
         assert row["terrain_level"] is None and row["power_w"] >= 0.0
