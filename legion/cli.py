@@ -212,6 +212,14 @@ error of (v_x, v_y) and yaw rate, falls, survival time, tracking return.
                      combined: floor friction 0.25 and 0.4, base mass +-20%, kp -20%, actuator
                      latency 20 and 40 ms, sensor noise (legged_gym's), pushes of 0.5 m/s every 3 s;
                      one line each: falls and tracking error
+
+A goal task (a position command: arm_lift) compares episodes instead: episodes=50 envs with the
+task's reset randomization (object place, joint offsets; its size, mass and friction nominal),
+each MuJoCo episode started from its Newton env's joints and object pose, holding its goal, on
+Newton's model of the scene (robot.mjb); success as the task's (the object within its threshold
+of the goal for hold_s), time to success and final distance per engine.
+
+  episodes=50        goal tasks: the number of episodes
 """
 
 ROBOT_HELP = """usage: legion robot inspect <file> [out=DIR] [robot=NAME|FILE.yaml] [overwrite=true]
@@ -636,7 +644,7 @@ def sim2sim(args: list[str]) -> None:
         return
     run, options, overrides = parse_run_args(args, SIM2SIM_HELP, {
         "checkpoint": None, "onnx": None, "duration_s": "10", "commands": json.dumps(s2s.DEFAULT_COMMANDS),
-        "realtime": "false", "json": None, "physics": "mjcf", "robustness": "false"})
+        "realtime": "false", "json": None, "physics": "mjcf", "robustness": "false", "episodes": "50"})
     try:
         commands = json.loads(options["commands"])
     except ValueError as e:
@@ -646,7 +654,15 @@ def sim2sim(args: list[str]) -> None:
         raise UsageError(f"physics={options['physics']}: choose physics=mjcf or physics=matched.")
     result = s2s.compare(run, options["checkpoint"], Path(options["onnx"]) if options["onnx"] else None,
                          _number("duration_s", options["duration_s"], float), commands, options["physics"],
-                         options["realtime"].lower() == "true", overrides, _flag("robustness", options["robustness"]))
+                         options["realtime"].lower() == "true", overrides, _flag("robustness", options["robustness"]),
+                         _number("episodes", options["episodes"], int))
+    if result.get("kind") == "goals":
+        print(f"[legion] sim2sim {result['onnx']}: {len(result['newton'])} episodes x "
+              f"{result['steps'] * result['control_dt']:g} s from the same starts, MuJoCo physics={options['physics']}")
+        print(s2s.goals_table(result))
+        if options["json"]:
+            Path(options["json"]).write_text(json.dumps(result, indent=2))
+        return
     print(f"[legion] sim2sim {result['onnx']}: {len(result['newton'])} commands x "
           f"{result['steps'] * result['control_dt']:g} s "
           f"({result['steps']} control steps of {result['control_dt']:g} s), MuJoCo physics={options['physics']}")

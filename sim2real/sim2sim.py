@@ -1,5 +1,8 @@
 """`legion sim2sim`: the exported policy in plain MuJoCo (through the edge runtime) next to Newton.
 
+Locomotion (velocity commands) below; goal tasks with a position command (arm_lift): episode
+for episode from the same start, success rates side by side (:func:`compare_goals`).
+
 Both engines start the robot at rest in the default pose, base level at the task's default
 height, and hold one velocity command per episode for ``duration_s``. The same exported
 ``policy.onnx`` drives both: in Newton through onnxruntime on the env's observations, in
@@ -228,8 +231,10 @@ def mean_row(rows: list[dict]) -> dict:
 
 def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: float = 10.0,
             commands=DEFAULT_COMMANDS, physics: str = "mjcf", realtime: bool = False, overrides=(),
-            robustness: bool = False) -> dict:
-    """``legion sim2sim`` as a function: the exported policy in Newton and in plain MuJoCo.
+            robustness: bool = False, episodes: int = 50) -> dict:
+    """``legion sim2sim`` as a function: the exported policy in Newton and in plain MuJoCo. A task
+    with a position or pose command (arm_lift, arm_reach) goes to :func:`compare_goals`
+    (``episodes``); the rest of this describes velocity commands (locomotion).
 
     Exports the run (into ``<run>/exported``) unless ``onnx`` names a ``policy.onnx``. Every env
     starts like the MuJoCo robot (default pose, level, at rest) with the model's own physical
@@ -246,14 +251,16 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     from legion.tasks.mdp.commands import VelocityCommand
     from legion.tasks.sim import resolve_asset
 
+    task = load_run_config(run).task
+    if task.command is not None and task.command.type in ("position", "pose"):
+        return compare_goals(run, checkpoint, onnx, episodes, physics, overrides)
     commands = np.asarray(commands, dtype=np.float32).reshape(-1, 3)
-    events = load_run_config(run).task.events
-    still = [f"sim.num_envs={len(commands)}"] + [f"++task.events.{name}.enabled=false" for name in events]
+    still = [f"sim.num_envs={len(commands)}"] + [f"++task.events.{name}.enabled=false" for name in task.events]
     loaded = load_run(run, checkpoint, [*still, *overrides])
     env, settings = loaded.env, loaded.cfg
     if not isinstance(env.command, VelocityCommand) or not env.robot.floating_base:
         raise ValueError(f"task {settings.task.name} has no velocity command or no floating base; sim2sim compares "
-                         "velocity-tracking (locomotion) policies.")
+                         "velocity-tracking (locomotion) and goal (position command) policies.")
     model = resolve_asset(settings.task.scene.robot.file)
     if model.suffix != ".xml":  # a URDF or USD robot: MuJoCo as Newton built it (robot.mjb of the export)
         model = trained_mujoco_model(env)
@@ -274,6 +281,124 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
             rows, _ = run_mujoco(model, Path(onnx), commands, steps, realtime, options, condition)
             result["robustness"][condition.name] = {**mean_row(rows), "forward_error": rows[0]["vel_error_xy"]}
     return result
+
+
+def goal_reached(distance: np.ndarray, threshold: float, hold_steps: int) -> int | None:
+    """The step (0-based) at which ``distance`` (T,) [m] had been within ``threshold`` for
+    ``hold_steps`` steps in a row (the task's success: ``SuccessTracker``), or None."""
+    held = 0
+    for t, d in enumerate(distance):
+        held = held + 1 if d <= threshold else 0
+        if held >= hold_steps:
+            return t
+    return None
+
+
+def goal_row(distance: np.ndarray, threshold: float, hold_steps: int, dt: float) -> dict:
+    reached = goal_reached(distance, threshold, hold_steps)
+    return {"success": reached is not None, "time_s": None if reached is None else (reached + 1) * dt,
+            "final_distance_m": float(distance[-1]), "min_distance_m": float(distance.min())}
+
+
+def compare_goals(run: Path, checkpoint=None, onnx: Path | None = None, episodes: int = 50, physics: str = "mjcf",
+                  overrides=()) -> dict:
+    """A goal task's exported policy (``object_position`` observed: arm_lift) in Newton and
+    through the edge runtime in plain MuJoCo, episode for episode from the same start.
+
+    Newton runs ``episodes`` envs with the task's reset randomization (the object's place, joint
+    offsets) and its goals; its model-changing randomization (startup and interval events: the
+    object's size, mass, friction) is off, so that one MuJoCo model (Newton's of world 0, from the
+    export: the robot, the object, the table) matches every env. Each MuJoCo episode starts from
+    its Newton env's joint positions and object pose and holds its goal. Success, as the task's
+    ``task.success``: the object within ``position_threshold`` of the goal for ``hold_s`` in a row.
+    Returns ``{"kind": "goals", "newton": rows, "mujoco": rows, "mean": {...}, "agree", "loop",
+    "steps", "control_dt", "onnx"}``.
+    """
+    import torch
+
+    from legion.api import load_run
+    from legion.configs import load_run_config
+    from legion.sim2real.deploy import ControlLoop, OnnxPolicy, PolicyRunner
+    from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
+    from legion.sim2real.export import export_run
+    from legion.tasks.mdp.commands import PoseCommand, PositionCommand
+
+    task = load_run_config(run).task
+    still = [f"++task.events.{name}.enabled=false" for name, event in task.events.items() if event.mode != "reset"]
+    loaded = load_run(run, checkpoint, [f"sim.num_envs={episodes}", *still, *overrides])
+    env, settings = loaded.env, loaded.cfg
+    command, success = env.command, task.success
+    if (not isinstance(command, PositionCommand) or isinstance(command, PoseCommand) or success is None
+            or "position_threshold" not in success.params):
+        raise ValueError(f"task {task.name}: sim2sim compares goal tasks with a position command and a success "
+                         "condition (task.success with position_threshold), e.g. arm_lift.")
+    if onnx is None:
+        out_dir, _ = export_run(run, steps=20, loaded=loaded)
+        onnx = out_dir / "policy.onnx"
+    policy = OnnxPolicy(onnx)
+    entity = command.body[0]  # the object the goal is for (its root pose starts each MuJoCo episode)
+    threshold, hold = float(success.params["position_threshold"]), max(1, round(success.hold_s / env.step_dt))
+    steps = env.max_episode_length - 1  # the whole episode, before the time-out's reset
+    groups = policy.metadata["observation"]["groups"]
+
+    # Newton: every env's start, then its episode (an env the task ends early keeps its last distance).
+    with torch.inference_mode():
+        env.reset()
+        starts = {"joint_pos": env.robot.joint_pos.cpu().numpy().copy(),
+                  "object_pose": entity.root_pose_w.cpu().numpy().copy(),
+                  "goal": command.value[:, :3].cpu().numpy().copy()}
+        command.hold(command.value.clone())
+        obs, state = env.get_observations(), policy.initial_state(episodes)
+        distance, ended = np.zeros((steps, episodes)), np.zeros(episodes, bool)
+        for t in range(steps):
+            actions, state = policy(torch.cat([obs[g] for g in groups], dim=-1).cpu().numpy(), state)
+            obs, _, dones, _ = env.step(torch.as_tensor(actions, device=env.device))
+            now = command.position_error().cpu().numpy()
+            distance[t] = np.where(ended, distance[t - 1], now)
+            ended |= dones.cpu().numpy()
+    newton = [goal_row(distance[:, i], threshold, hold, env.step_dt) for i in range(episodes)]
+
+    # MuJoCo: the edge runtime's control loop on Newton's model of the scene.
+    runner = PolicyRunner(onnx)
+    robot = MuJoCoRobot(trained_mujoco_model(env), runner.metadata, options=physics_options(physics, settings.sim))
+    mujoco_rows, latency, stops = [], [], 0
+    for i in range(episodes):
+        robot.reset(joint_pos=starts["joint_pos"][i], object_pose=starts["object_pose"][i])
+        loop = ControlLoop(robot, runner, now=robot.time, realtime=False)
+        goal = starts["goal"][i]
+        d = np.zeros(steps)
+        for t in range(steps):
+            loop.step(goal)
+            d[t] = np.linalg.norm(robot.read_state()["object_pos"] - goal)
+        stops += loop.stopped is not None
+        latency += loop.stats.latency
+        mujoco_rows.append(goal_row(d, threshold, hold, runner.control_dt))
+
+    def mean(rows: list[dict]) -> dict:
+        times = [r["time_s"] for r in rows if r["time_s"] is not None]
+        return {"success_rate": float(np.mean([r["success"] for r in rows])),
+                "time_s": float(np.mean(times)) if times else None,
+                "final_distance_m": float(np.mean([r["final_distance_m"] for r in rows]))}
+
+    return {"kind": "goals", "newton": newton, "mujoco": mujoco_rows,
+            "mean": {"newton": mean(newton), "mujoco": mean(mujoco_rows)},
+            "agree": int(sum(a["success"] == b["success"] for a, b in zip(newton, mujoco_rows))),
+            "loop": {"latency_p50_us": float(np.percentile(latency, 50) * 1e6),
+                     "latency_p99_us": float(np.percentile(latency, 99) * 1e6), "stops": stops},
+            "steps": steps, "control_dt": env.step_dt, "onnx": str(onnx)}
+
+
+def goals_table(result: dict) -> str:
+    """What ``legion sim2sim`` prints for a goal task: success and distances per engine."""
+    lines = [f"{'engine':24s} | {'success':>7s} | {'time to success':>15s} | {'final distance':>14s}"]
+    for name, key in (("Newton (training engine)", "newton"), ("MuJoCo C (edge runtime)", "mujoco")):
+        m = result["mean"][key]
+        when = f"{m['time_s']:.2f} s" if m["time_s"] is not None else "-"
+        lines.append(f"{name:24s} | {m['success_rate']:7.0%} | {when:>15s} | {100 * m['final_distance_m']:11.1f} cm")
+    n, loop = len(result["newton"]), result["loop"]
+    lines.append(f"The same outcome in {result['agree']} of {n} episodes. MuJoCo control loop: latency p50 "
+                 f"{loop['latency_p50_us']:.0f} us, p99 {loop['latency_p99_us']:.0f} us, stops {loop['stops']}")
+    return "\n".join(lines)
 
 
 def robustness_table(result: dict) -> str:

@@ -621,3 +621,29 @@ def test_sim2sim_perturbations_act_on_the_mujoco_robot(trained):
     truth, seen = robot.read_state(), perturbed.read_state()
     difference = np.abs(seen["joint_vel"] - truth["joint_vel"])
     assert 0 < difference.max() <= SENSOR_NOISE["joint_vel"]
+
+
+def test_sim2sim_of_a_goal_task_starts_each_mujoco_episode_where_newton_started_it(tmp_path):
+    """arm_lift through the edge runtime on Newton's model of the scene (the arm, the cube, the
+    table): with Newton's solver settings each episode from the same joints, cube pose and goal
+    ends at the same distance in both engines, with the same outcome. The runtime drives every
+    joint, the second finger (no action) at its default, as in training."""
+    from legion.sim2real.deploy import PolicyRunner
+    from legion.sim2real.sim2sim import compare_goals, goals_table
+
+    made = export_untrained_run(tmp_path, "task=arm_lift")
+    result = compare_goals(tmp_path, onnx=made["out"] / "policy.onnx", episodes=4, physics="matched")
+    print(goals_table(result))
+    assert result["agree"] == 4 and result["loop"]["stops"] == 0
+    starts = {round(r["min_distance_m"], 2) for r in result["newton"]}
+    assert len(starts) > 1  # four different cube places and goals
+    for newton, mujoco in zip(result["newton"], result["mujoco"]):
+        assert mujoco["final_distance_m"] == pytest.approx(newton["final_distance_m"], abs=2e-3)
+        assert mujoco["min_distance_m"] == pytest.approx(newton["min_distance_m"], abs=2e-3)
+    runner = PolicyRunner(made["out"] / "policy.onnx")
+    meta = runner.metadata
+    state = {"joint_pos": np.asarray(meta["default_joint_pos"], np.float32), "joint_vel": np.zeros(9, np.float32),
+             "object_pos": np.array([0.5, 0.0, 0.03], np.float32)}
+    targets = runner.act(state, np.array([0.5, 0.0, 0.3], np.float32))
+    assert len(meta["joint_names"]) == len(targets) == 9 and len(meta["action"]["joint_ids"]) == 8
+    assert targets[8] == meta["default_joint_pos"][8]  # finger_joint2: not an action joint

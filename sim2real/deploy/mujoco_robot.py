@@ -45,20 +45,27 @@ def pd_torque(q_target, q, dq, kp, kd, effort_limit, saturation=None, velocity_l
     return np.clip(tau, low, high)
 
 
-def find_id(model, objtype, name: str) -> int:
+def find_id(model, objtype, name: str, others=()) -> int:
     """The id of ``name``, or of the one object whose name ends with ``_name`` or ``/name``
-    (Newton prefixes the names it imports with the model's, e.g. ``go2_description_FL_hip_joint``);
-    -1 if none or several."""
+    (Newton prefixes the names it imports with the model's, e.g. ``go2_description_FL_hip_joint``,
+    or with the body path, ``..._link1_joint1``), not counting those that end with one of
+    ``others``, longer names of the same set (``..._finger_joint1`` is not ``joint1``); -1 if none
+    or several."""
     exact = mujoco.mj_name2id(model, objtype, name)
     if exact >= 0:
         return exact
     count = {mujoco.mjtObj.mjOBJ_JOINT: model.njnt, mujoco.mjtObj.mjOBJ_BODY: model.nbody}[objtype]
-    found = [i for i in range(count) if (mujoco.mj_id2name(model, objtype, i) or "").endswith((f"_{name}", f"/{name}"))]
+    longer = tuple(end for o in others if o != name and o.endswith(name) for end in (f"_{o}", f"/{o}"))
+    found = [i for i in range(count) if (n := mujoco.mj_id2name(model, objtype, i) or "").endswith(
+        (f"_{name}", f"/{name}")) and not (longer and n.endswith(longer))]
     return found[0] if len(found) == 1 else -1
 
 
 class MuJoCoRobot:
-    """One floating-base robot in MuJoCo, driven by joint position targets.
+    """One robot in MuJoCo, floating-base (a free joint at its root) or bolted to the world (an
+    arm), driven by joint position targets. A manipulated object in the model (the body the
+    policy's ``object_position`` term names, e.g. Newton's model of an arm_lift world holds its
+    cube) is reported as ``object_pos`` in the robot's base frame.
 
     Args:
         source: the robot's MJCF (path; every policy joint needs a ``<position>`` actuator), an
@@ -94,33 +101,52 @@ class MuJoCoRobot:
         self.metadata = metadata
 
         names = metadata["joint_names"]
-        if model.jnt_type[0] != mujoco.mjtJoint.mjJNT_FREE:
-            raise ValueError(f"{where}: MuJoCoRobot needs a floating base (a free joint first).")
-        joint_ids = [find_id(model, mujoco.mjtObj.mjOBJ_JOINT, n) for n in names]
+        joint_ids = [find_id(model, mujoco.mjtObj.mjOBJ_JOINT, n, names) for n in names]
         unknown = [n for n, j in zip(names, joint_ids) if j < 0]
         if unknown:
             raise ValueError(f"{where} has no joints {unknown}; the policy was trained on another model.")
         self.qpos_ids = model.jnt_qposadr[joint_ids]
         self.qvel_ids = model.jnt_dofadr[joint_ids]
+        # The robot's root: the body below the world that its joints hang from.
+        root = model.jnt_bodyid[joint_ids[0]]
+        while model.body_parentid[root] != 0:
+            root = model.body_parentid[root]
+        self.root_body = int(root)
+        first = model.body_jntadr[root]
+        self.floating = bool(first >= 0 and model.jnt_type[first] == mujoco.mjtJoint.mjJNT_FREE)
+        if self.floating and model.jnt_qposadr[first] != 0:
+            raise ValueError(f"{where}: the robot's free joint must come first in the model.")
+        object_term = next((t for t in metadata["observation"]["terms"] if t["func"] == "object_position"), None)
+        self.object_body = None
+        if object_term is not None:
+            name = object_term["params"].get("object", "cube")
+            self.object_body = find_id(model, mujoco.mjtObj.mjOBJ_BODY, name)
+            if self.object_body < 0:
+                raise ValueError(f"{where} has no body '{name}', the object the policy observes: use the model "
+                                 "Newton trained with (robot.mjb of `legion export`, which holds the whole scene).")
         kp = np.asarray(metadata["joint_stiffness"], np.float64)
         kd = np.asarray(metadata["joint_damping"], np.float64)
         actuator_of = {int(model.actuator_trnid[a, 0]): a for a in range(model.nu)}
-        driven = [j in actuator_of for j in joint_ids]
-        self.explicit_pd = not any(driven)
+        driven = np.array([j in actuator_of for j in joint_ids])
+        self.explicit_pd = not driven.any()
+        action_joints = metadata["action"]["joint_ids"]
         if self.explicit_pd:  # the PD law (and the motors' clip) as training ran it, before every step
             motors = metadata.get("actuators") or [{"model": "implicit"}] * len(names)
             self.gains = (kp, kd, np.asarray(metadata["effort_limits"], np.float64),
                           np.array([a.get("saturation_effort") or np.nan for a in motors], np.float64),
                           np.array([a.get("velocity_limit") or np.nan for a in motors], np.float64))
-        elif not all(driven):
-            missing = [n for n, d in zip(names, driven) if not d]
+        elif not driven[action_joints].all():
+            missing = [names[j] for j in action_joints if not driven[j]]
             raise ValueError(f"{where}: joints {missing} have no actuator; add <position> actuators.")
         else:
-            self.actuator_ids = np.array([actuator_of[j] for j in joint_ids])
+            # Joints without an actuator follow others (e.g. a gripper's second finger, coupled by
+            # an equality constraint as the URDF's mimic).
+            self.driven = driven
+            self.actuator_ids = np.array([actuator_of[j] for j, d in zip(joint_ids, driven) if d])
             # PD gains from the policy metadata (what Newton trained with): force = kp (q* - q) - kd q'.
-            model.actuator_gainprm[self.actuator_ids, 0] = kp
-            model.actuator_biasprm[self.actuator_ids, 1] = -kp
-            model.actuator_biasprm[self.actuator_ids, 2] = -kd
+            model.actuator_gainprm[self.actuator_ids, 0] = kp[driven]
+            model.actuator_biasprm[self.actuator_ids, 1] = -kp[driven]
+            model.actuator_biasprm[self.actuator_ids, 2] = -kd[driven]
         self.targets = np.asarray(metadata["default_joint_pos"], np.float64)
         if floor_friction is not None:
             self.set_floor_friction(floor_friction)
@@ -145,7 +171,7 @@ class MuJoCoRobot:
 
     def scale_base_mass(self, scale: float) -> None:
         """The floating base's mass and inertia times ``scale`` (a payload, or a lighter build)."""
-        base = self.model.jnt_bodyid[0]
+        base = self.root_body
         self.model.body_mass[base] *= scale
         self.model.body_inertia[base] *= scale
 
@@ -164,39 +190,52 @@ class MuJoCoRobot:
         """Simulated time [s] (the clock of the state timestamps)."""
         return float(self.data.time)
 
-    def reset(self, base_height: float | None = None) -> None:
-        """Base level at ``base_height`` (default: the metadata's), joints at the default pose, at rest."""
+    def reset(self, base_height: float | None = None, joint_pos=None, object_pose=None) -> None:
+        """At rest: a floating base level at ``base_height`` (default: the metadata's), the joints
+        at ``joint_pos`` (policy order; default: the default pose), an object at ``object_pose``
+        (position [m] and quaternion x y z w, world frame; default: the model's). The targets are
+        the default pose."""
         d = self.data
         mujoco.mj_resetData(self.model, d)
-        d.qpos[0:3] = [0.0, 0.0, base_height or self.metadata.get("default_root_height") or d.qpos[2]]
-        d.qpos[3:7] = [1.0, 0.0, 0.0, 0.0]
-        d.qpos[self.qpos_ids] = self.metadata["default_joint_pos"]
+        if self.floating:
+            d.qpos[0:3] = [0.0, 0.0, base_height or self.metadata.get("default_root_height") or d.qpos[2]]
+            d.qpos[3:7] = [1.0, 0.0, 0.0, 0.0]
+        d.qpos[self.qpos_ids] = self.metadata["default_joint_pos"] if joint_pos is None else joint_pos
+        if object_pose is not None:
+            joint = self.model.body_jntadr[self.object_body]
+            if joint < 0 or self.model.jnt_type[joint] != mujoco.mjtJoint.mjJNT_FREE:
+                raise ValueError("the object has no free joint: its pose cannot be set")
+            x, y, z, qx, qy, qz, qw = (float(v) for v in object_pose)
+            adr = self.model.jnt_qposadr[joint]
+            d.qpos[adr:adr + 7] = [x, y, z, qw, qx, qy, qz]
         self.targets = np.asarray(self.metadata["default_joint_pos"], np.float64)
         if not self.explicit_pd:
-            d.ctrl[self.actuator_ids] = self.targets
+            d.ctrl[self.actuator_ids] = self.targets[self.driven]
         mujoco.mj_forward(self.model, d)
 
     def read_state(self) -> dict:
         """The robot state the edge runtime reads; a policy that scans the terrain gets the flat
         floor's heights (``height_scan``: -base height at every point)."""
         d = self.data
-        quat_wxyz = d.qpos[3:7]
+        quat_wxyz = d.xquat[self.root_body]
         base_quat = np.array([quat_wxyz[1], quat_wxyz[2], quat_wxyz[3], quat_wxyz[0]], np.float32)
-        rot = np.empty(9)
-        mujoco.mju_quat2Mat(rot, quat_wxyz)
+        rot = d.xmat[self.root_body].reshape(3, 3)
+        base_pos = d.xpos[self.root_body]
         state = {
             "joint_pos": d.qpos[self.qpos_ids].astype(np.float32),
             "joint_vel": d.qvel[self.qvel_ids].astype(np.float32),
-            "base_pos": d.qpos[0:3].astype(np.float32),
+            "base_pos": base_pos.astype(np.float32),
             "base_quat": base_quat,
             # Free joint: qvel[0:3] is the world-frame linear velocity, qvel[3:6] the angular
-            # velocity already in the body frame.
-            "base_lin_vel": (rot.reshape(3, 3).T @ d.qvel[0:3]).astype(np.float32),
-            "base_ang_vel": d.qvel[3:6].astype(np.float32),
+            # velocity already in the body frame. A base bolted to the world does not move.
+            "base_lin_vel": (rot.T @ d.qvel[0:3] if self.floating else np.zeros(3)).astype(np.float32),
+            "base_ang_vel": (d.qvel[3:6] if self.floating else np.zeros(3)).astype(np.float32),
             "timestamp": float(d.time),
         }
         if self.metadata.get("height_scan"):
             state["height_scan"] = np.full(len(self.metadata["height_scan"]["points"]), -d.qpos[2], np.float32)
+        if self.object_body is not None:  # in the base frame, as a camera calibrated to the robot reports it
+            state["object_pos"] = (rot.T @ (d.xpos[self.object_body] - base_pos)).astype(np.float32)
         return state
 
     def physics_step(self, q_target=None, kp=None, kd=None, dq_target: ArrayLike = 0.0,
@@ -214,7 +253,7 @@ class MuJoCoRobot:
         else:
             if kp is not None or kd is not None:
                 raise ValueError("gains per step need a model driven by explicit PD (no position actuators)")
-            d.ctrl[self.actuator_ids] = self.targets
+            d.ctrl[self.actuator_ids] = self.targets[self.driven]
         mujoco.mj_step(self.model, d)
 
     def write_targets(self, joint_pos_targets: np.ndarray) -> None:

@@ -468,9 +468,11 @@ class PolicyRunner:
         return self.terms.observation(state, command, self.last_action)
 
     def act(self, state: dict, command=None) -> np.ndarray:
-        """Joint position targets of the action's joints [rad or m] for this state and command:
-        default + scale * action (within the joint limits if the action clamps to them), or
-        (``joint_position_delta``) the previous targets + scale * action within the joint limits.
+        """Joint position targets (J,) [rad or m], every joint in the policy's joint order, for this
+        state and command: on the action's joints default + scale * action (within the joint
+        limits if the action clamps to them), or (``joint_position_delta``) the previous targets +
+        scale * action within the joint limits; joints the action does not drive (e.g. a
+        gripper's second finger) hold the default pose, as in training.
 
         Also keeps the observation (``last_obs``) and action (``last_action``) it used. Never
         returns a non-finite target: raises :class:`NonFiniteError` instead (and then keeps the
@@ -495,4 +497,8 @@ class PolicyRunner:
         self.last_obs, self.last_action, self.hidden = obs, action.astype(np.float32), hidden
         if self.action_delta:
             self.targets = targets.copy()  # the caller may write into what it gets
-        return targets
+        if len(targets) == len(self.joint_names):
+            return targets
+        full = np.asarray(self.metadata["default_joint_pos"], np.float32).copy()
+        full[self.action_joint_ids] = targets
+        return full
