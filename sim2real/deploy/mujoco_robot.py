@@ -217,10 +217,17 @@ class MuJoCoRobot:
         """The robot state the edge runtime reads; a policy that scans the terrain gets the flat
         floor's heights (``height_scan``: -base height at every point)."""
         d = self.data
-        quat_wxyz = d.xquat[self.root_body]
+        # The free joints' coordinates, not xpos/xquat: after mj_step those hold the poses the
+        # step started from. A base bolted to the world stays where the model puts it.
+        if self.floating:
+            base_pos, quat_wxyz = d.qpos[0:3], d.qpos[3:7]
+            rot = np.empty(9)
+            mujoco.mju_quat2Mat(rot, quat_wxyz)
+            rot = rot.reshape(3, 3)
+        else:
+            root = self.root_body
+            base_pos, quat_wxyz, rot = d.xpos[root], d.xquat[root], d.xmat[root].reshape(3, 3)
         base_quat = np.array([quat_wxyz[1], quat_wxyz[2], quat_wxyz[3], quat_wxyz[0]], np.float32)
-        rot = d.xmat[self.root_body].reshape(3, 3)
-        base_pos = d.xpos[self.root_body]
         state = {
             "joint_pos": d.qpos[self.qpos_ids].astype(np.float32),
             "joint_vel": d.qvel[self.qvel_ids].astype(np.float32),
@@ -235,8 +242,15 @@ class MuJoCoRobot:
         if self.metadata.get("height_scan"):
             state["height_scan"] = np.full(len(self.metadata["height_scan"]["points"]), -d.qpos[2], np.float32)
         if self.object_body is not None:  # in the base frame, as a camera calibrated to the robot reports it
-            state["object_pos"] = (rot.T @ (d.xpos[self.object_body] - base_pos)).astype(np.float32)
+            state["object_pos"] = (rot.T @ (self._object_position() - base_pos)).astype(np.float32)
         return state
+
+    def _object_position(self) -> np.ndarray:
+        joint = self.model.body_jntadr[self.object_body]
+        if joint >= 0 and self.model.jnt_type[joint] == mujoco.mjtJoint.mjJNT_FREE:
+            adr = self.model.jnt_qposadr[joint]
+            return self.data.qpos[adr:adr + 3]
+        return self.data.xpos[self.object_body]
 
     def physics_step(self, q_target=None, kp=None, kd=None, dq_target: ArrayLike = 0.0,
                      tau_ff: ArrayLike = 0.0) -> None:
