@@ -83,7 +83,7 @@ def test_an_lstm_policy_learns_cartpole_with_async_ppo():
     runner = make_runner("task=cartpole", *LSTM, "agent.mode=async", "agent.max_policy_lag=1")
     runner.learn(2)
     start_length = runner.mean_episode_length
-    runner.learn(30)
+    runner.learn(12)  # 20 -> 170 steps after 10 iterations, 450 after 18 (2026-11-26)
     print(f"episode length {start_length:.1f} -> {runner.mean_episode_length:.1f} after {runner.iteration} iterations")
     assert runner.mean_episode_length >= 3 * start_length
 
