@@ -120,7 +120,7 @@ def lockstep_errors(env, actor, runtime, robot_state, steps: int = 15) -> dict:
             errors["action"] = max(errors["action"], np.abs(runtime.last_action - actions[0].numpy()).max())
             obs, _, dones, _ = env.step(actions)
             assert not dones[0], "world 0 ended its episode: the lock-step comparison needs one episode"
-            targets_env = env.robot.joint_pos_target[0, env.action.joint_ids].numpy()
+            targets_env = env.robot.joint_pos_target[0].numpy()  # every joint: those no action drives too
             errors["target"] = max(errors["target"], np.abs(targets - targets_env).max())
     return errors
 
