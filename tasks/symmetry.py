@@ -3,9 +3,9 @@ observation and an action.
 
 A robot declares its mirror map in its config (``robot.mirror``): which joint names swap left and
 right (``swap``: substrings, e.g. ``{"FL_": "FR_", "RL_": "RR_"}`` or ``{"left_": "right_"}``),
-and which joints turn the other way in the mirror (``negate``: a regex; a joint's angle changes
-sign when its axis lies in the mirror plane's normal direction's complement, i.e. roll (x) and
-yaw (z) joints, while pitch (y) joints keep theirs). Everything else follows from the task's terms:
+and which joints turn the other way in the mirror (``negate``: a regex). A rotation about an axis
+that lies in the mirror plane (roll about x, yaw about z) turns the other way in the mirror; one
+about the plane's normal (pitch, about y) keeps its sense. Everything else follows from the task's terms:
 each observation term has a rule here (:data:`TERM_RULES`), so a group's mirror is a signed
 permutation of its columns, built once from the env's observation layout.
 
@@ -83,10 +83,6 @@ class Mirror:
         return TensorDict({g: obs[g][..., self.groups[g][0]] * self.groups[g][1] for g in obs.keys()},
                           batch_size=obs.batch_size, device=obs.device)
 
-    def joints(self, values: torch.Tensor) -> torch.Tensor:
-        """(..., J) joint positions relative to a mirror-symmetric reference, velocities or targets."""
-        return values[..., self.joint_perm] * self.joint_sign
-
     def augment(self, env=None, obs: TensorDict | None = None, actions: torch.Tensor | None = None):
         """rsl-rl's ``data_augmentation_func``: the originals followed by their mirror images."""
         return (None if obs is None else torch.cat([obs, self.observations(obs)]),
@@ -103,11 +99,11 @@ def mirror_root(pose: torch.Tensor, vel: torch.Tensor) -> tuple[torch.Tensor, to
             torch.cat([vel[..., :3] * polar, vel[..., 3:] * axial], dim=-1))
 
 
-def joint_map(names: list[str], swap: dict[str, str], negate) -> tuple[torch.Tensor, torch.Tensor]:
+def joint_map(names: list[str], swap: dict[str, str], negate: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(J,) index of each joint's mirror partner and (J,) its sign, from name substitutions both
-    ways; raises :class:`MirrorError` naming a joint whose partner is missing or not mutual."""
+    ways and the regex of the joints that negate; raises :class:`MirrorError` naming a joint whose
+    partner is missing or not mutual."""
     pairs = list(swap.items()) + [(b, a) for a, b in swap.items()]
-    negate = "|".join(negate) if isinstance(negate, (list, tuple)) else negate or ""
 
     def partner(name: str) -> str:
         for a, b in pairs:
