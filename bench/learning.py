@@ -142,6 +142,9 @@ def main():
                              "with its own config (--mode, --num-envs, --device do not apply)")
     parser.add_argument("--nproc", type=int, default=1,
                         help="train as this many torchrun ranks on this machine (--num-envs per rank)")
+    parser.add_argument("--tag", default="",
+                        help="a suffix for the record's and the run's names, so that runs of one task and robot "
+                             "that differ otherwise (e.g. --tag lstm) keep records of their own")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the training config (key=value)")
     args = parser.parse_args()
     if args.nproc < 1:
@@ -156,6 +159,7 @@ def main():
     name = f"learning_{args.task}" + "".join(f"_{o.split('=', 1)[1]}" for o in args.overrides
                                               if o.startswith(("robot=", "sim.backend=")))
     name += f"_{args.mode}" if args.mode in ("bc", "dagger") else ""  # learning_arm_lift_dagger
+    name += f"_{args.tag}" if args.tag else ""
     record = ROOT / "bench" / "results" / f"{name}.json"
     if args.resume:
         if not record.is_file():
@@ -180,7 +184,8 @@ def main():
     main = group is None or group.is_main
     share = (lambda obj: distributed.broadcast(obj, group)) if group else (lambda obj: obj)  # rank 0's value
     if not previous:
-        run_dir = share(ROOT / "runs" / args.task / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_learning" if main else None)
+        stamp = time.strftime("%Y-%m-%d_%H-%M-%S") + "_learning" + (f"_{args.tag}" if args.tag else "")
+        run_dir = share(ROOT / "runs" / args.task / stamp if main else None)
         if main:
             run_dir.mkdir(parents=True)
             save_config(cfg, run_dir / "config.yaml")
