@@ -2,13 +2,15 @@
 # The checks of docs/gpu_checks.md that fit one 10-minute call on a lent GPU machine, each under its
 # own time limit so that one stuck step cannot eat the rest, side by side on the GPU (and the
 # machine's 16 cores, which compile Warp's kernels).
-# Run after a first call has copied .gpu/p1/site.part.aa to /tmp (docs/gpu_checks.md, step 1):
+# Run after bench/gpu_site.sh here and a first call that copied .gpu/p1/site.part.aa to /tmp
+# (docs/gpu_checks.md, step 1):
 #     bash bench/gpu_checks.sh      (carry .gpu/p2; everything lands in $OUT: log.txt, <check>.txt, results.tar)
 set -u
 . bench/gpu_env.sh
 start=$SECONDS
 log=$OUT/log.txt
 cat /tmp/site.part.aa .gpu/p2/site.part.ab | xz -d -T16 | tar x -C /tmp/site || { echo "unpack failed"; exit 1; }
+xz -d < .gpu/p2/robots.tar.xz | tar x -C /tmp/site   # the Go2's and the Panda's files (bench/gpu_site.sh)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$log"
 git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$log"
 
@@ -31,10 +33,9 @@ check symmetry 240 "${train[@]}" agent.symmetry.augmentation=true agent.symmetry
 # LSTM actor beside the MLP on the same GPU at the same time: whether the LSTM's update (the
 # learner's bottleneck on the CPU) keeps pace here.
 learn=(python bench/learning.py --task quadruped_flat_deployable --device cuda:0 --num-envs 4096 --minutes 3
-       --eval-every 1.5 robot=go2)
-check deployable_lstm 480 "${learn[@]}" --tag lstm agent.actor.rnn.type=lstm &
-sleep 2  # run folders are named by the second
-check deployable_mlp 480 "${learn[@]}" &
+       --eval-every 1.5)  # options before the overrides (argparse takes no option after them)
+check deployable_lstm 480 "${learn[@]}" --tag lstm robot=go2 agent.actor.rnn.type=lstm &
+check deployable_mlp 480 "${learn[@]}" robot=go2 &
 wait
 tar cf "$OUT/results.tar" -C bench/results/ . 2>/dev/null
 echo "== done at $((SECONDS - start)) s" | tee -a "$log"
