@@ -8,7 +8,9 @@ Writes into ``<run>/exported/`` (or ``out=``):
   shaped (layers, B, hidden).
 - ``policy_fp16.onnx``: float16 weights and arithmetic, float32 inputs and outputs.
 - ``policy.json``: the metadata that is also embedded in each ONNX file's ``metadata_props``
-  (one JSON value per key), plus the sha256 of both files and the verification numbers.
+  (one JSON value per key), plus the sha256 of both files and the verification numbers. A
+  task-space policy's (``action.task_space``) carries the kinematic chain its IK runs on, which
+  the edge runtime evaluates in numpy (the network's output is the pose step, as in training).
 - ``robot.mjb`` (a run simulated with sim.solver=mujoco): the robot and its ground as a plain
   MuJoCo model, nominal parameters, exactly as trained: what ``legion bridge`` simulates (and
   what sim2sim runs for a URDF robot). MuJoCo's binary format: the same MuJoCo version loads it.
@@ -123,6 +125,18 @@ def build_metadata(loaded: LoadedRun, actor) -> dict:
         return [float(f"{v:.7g}") for v in t.reshape(-1).tolist()] if t.dim() <= 1 else [floats(r) for r in t]
 
     nominal = robot.defaults  # world 0 holds the model's own values before randomization
+    action = {"type": task.action.type, "joint_ids": env.action.joint_ids.tolist(), "scale": float(env.action.scale),
+              "offset": floats(env.action.offset[0]), "clip": env.action.clip,
+              "clamp_to_limits": env.action.clamp_to_limits}
+    if task.action.type == "task_space":  # what the runtime's IK needs (sim2real/deploy/policy.py TaskSpaceTargets)
+        term, chain = env.action, env.action.chain
+        action["task_space"] = {
+            "body": chain.body, "body_id": robot.body_names.index(chain.body), "mode": term.mode,
+            "scale": float(term.scale), "rotation_scale": term.rotation_scale, "damping": term.damping,
+            "max_error": term.max_error, "gripper_joint_ids": term.gripper_ids.tolist(),
+            "chain": {"joint_ids": chain.joint_ids, "revolute": chain.revolute, "axes": floats(chain.axes),
+                      "parent_frames": floats(chain.parent_frames), "inv_child_frames": floats(chain.inv_child_frames),
+                      "tip": floats(chain.tip)}}
     command = dataclasses.asdict(task.command) if task.command else None
     if command is not None and isinstance(env.command, PoseCommand):  # its quaternion takes this one's sign
         command["quat_reference"] = floats(env.command.reference)
@@ -137,9 +151,7 @@ def build_metadata(loaded: LoadedRun, actor) -> dict:
         "joint_names": list(robot.joint_names),
         "default_joint_pos": floats(robot.default_joint_pos[0]),
         "default_root_height": task.scene.robot.root_height,
-        "action": {"type": task.action.type, "joint_ids": env.action.joint_ids.tolist(),
-                   "scale": float(env.action.scale), "offset": floats(env.action.offset[0]), "clip": env.action.clip,
-                   "clamp_to_limits": env.action.clamp_to_limits},
+        "action": action,
         "joint_stiffness": floats(nominal["joint_stiffness"][0]),
         "joint_damping": floats(nominal["joint_damping"][0]),
         "effort_limits": floats(robot.effort_limits),
@@ -364,10 +376,6 @@ def export_run(run: Path, checkpoint=None, out_dir: Path | None = None, steps: i
     from legion.api import load_run
 
     loaded = loaded or load_run(run, checkpoint, overrides)
-    if loaded.cfg.task.action.type == "task_space":
-        raise ValueError(f"{run}: its policy acts in task space (task.action.type=task_space), and the edge runtime "
-                         "turns joint-space actions into joint targets only; exporting the IK with the policy is not "
-                         "built yet (issue 30). Train the task with a joint-space action to deploy it.")
     actor = loaded.runner.ppo.get_policy()
     actor.eval()
     metadata = build_metadata(loaded, actor)

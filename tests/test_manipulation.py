@@ -1,6 +1,7 @@
 """Manipulation: the authored arm against its published kinematics, a gripper that holds, reach
 rewards and success, cube randomization, short training, export to the edge runtime."""
 
+import copy
 import json
 import math
 
@@ -298,10 +299,10 @@ def test_a_short_training_of_arm_lift_moves_the_gripper_to_the_cube():
 
 
 # --- export and the edge runtime ----------------------------------------------------------------
-@pytest.fixture(scope="module", params=["arm_reach", "arm_reach_delta", "arm_lift"])
+@pytest.fixture(scope="module", params=["arm_reach", "arm_reach_delta", "arm_lift", "arm_lift_ik"])
 def exported(request, tmp_path_factory):
     """A run folder with a (briefly normalized, untrained) policy of the task, exported."""
-    overrides = {"arm_reach": ["task=arm_reach"], "arm_lift": ["task=arm_lift"],
+    overrides = {"arm_reach": ["task=arm_reach"], "arm_lift": ["task=arm_lift"], "arm_lift_ik": ["task=arm_lift_ik"],
                  "arm_reach_delta": ["task=arm_reach", "task.action.type=joint_position_delta",
                                      "task.action.scale=0.05"]}
     return {"name": request.param,
@@ -328,11 +329,22 @@ def test_arm_policies_export_and_the_edge_runtime_acts_as_the_env(exported):
     meta = runtime.metadata
     assert meta["joint_names"] == env.robot.joint_names and len(meta["joint_names"]) == 9
     terms = {t["func"]: t["size"] for t in meta["observation"]["terms"]}
-    if exported["name"] == "arm_lift":
+    if exported["name"].startswith("arm_lift"):
         assert meta["action"]["joint_ids"] == [0, 1, 2, 3, 4, 5, 6, 7]  # the arm and the coupled fingers' actuator
         assert meta["command"]["type"] == "position" and meta["command"]["entity"] == "cube"
         assert terms["object_position"] == 3 and terms["position_command"] == 3
         assert runtime.state_keys == ["joint_pos", "joint_vel", "object_pos"]
+        if exported["name"] == "arm_lift_ik":  # the IK's chain travels with it; the TCP is observed by FK
+            task_space = meta["action"]["task_space"]
+            assert task_space["body"] == "tcp" and len(task_space["chain"]["axes"]) == 7
+            assert terms["body_position"] == 3 and runtime.policy.num_actions == 7
+            # FK runs on the action's chain only: a body_position of another body is refused by name.
+            from legion.sim2real.deploy.policy import ObservationTerms, PolicyLoadError
+
+            other = copy.deepcopy(meta)
+            next(t for t in other["observation"]["terms"] if t["func"] == "body_position")["params"]["bodies"] = [0]
+            with pytest.raises(PolicyLoadError, match="this policy's action moves no such body"):
+                ObservationTerms(other)
     else:
         assert meta["action"]["joint_ids"] == list(range(7))
         assert meta["command"]["type"] == "pose" and meta["command"]["body"] == "tcp" and terms["pose_command"] == 7

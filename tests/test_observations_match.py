@@ -35,8 +35,6 @@ ACTION_STD = 2.0  # moves every joint, tips bases over now and then (resets incl
 def exported(request, tmp_path_factory):
     """The task (4 envs, noise off) with an untrained policy exported by ``legion export``'s code."""
     task = request.param
-    if task == "arm_lift_ik":
-        pytest.skip("a task-space policy does not export yet (legion export refuses it; README, Task space)")
     return {"task": task,
             **export_untrained_run(tmp_path_factory.mktemp(task), f"task={task}", *OVERRIDES.get(task, ()))}
 

@@ -26,6 +26,11 @@ A robot state is a dict of numpy arrays, in SI units and the joint order of
   in that order: what an elevation map around the robot reports
 - ``timestamp`` [s]: when the sensors were sampled (used by the control loop's watchdog)
 
+A task-space policy (``action.type`` task_space) acts on its body's pose: the runtime turns the
+action into joint targets by differential IK on the kinematic chain exported with it
+(:class:`TaskSpaceTargets`, numpy), and its ``body_position`` observation is forward kinematics of
+``joint_pos`` on the same chain.
+
 The command (velocity, pose or position target) and the previous action are the runtime's own
 inputs, not robot state. :data:`OBSERVATION_TERMS` says which fields each observation term reads:
 most are computed here from joint and IMU data; ``object_pos`` and ``height_scan`` come from the
@@ -144,6 +149,9 @@ OBSERVATION_TERMS: dict[str, EdgeTerm] = {
     # for a pose (the quaternion of either sign) and (x, y, z) for a position [m].
     "pose_command": EdgeTerm((), lambda state, command, last_action, terms: terms.canonical_pose(command)),
     "position_command": EdgeTerm((), lambda state, command, last_action, terms: command),
+    # The task-space action's body in the base frame: forward kinematics of the joint encoders.
+    "body_position": EdgeTerm(("joint_pos",), lambda state, command, last_action, terms:
+                              terms.kinematics(np.asarray(state["joint_pos"], np.float64))[0]),
     # Perception's named inputs.
     "object_position": EdgeTerm(("object_pos",), lambda state, command, last_action, terms: state["object_pos"]),
     "height_scan": EdgeTerm(("height_scan",), _height_scan, parametric=True),
@@ -174,6 +182,112 @@ def _providers(preferred: list[str] | None) -> list:
     if "CUDAExecutionProvider" in available:
         providers.append("CUDAExecutionProvider")
     return providers + ["CPUExecutionProvider"]
+
+
+def rotation_matrix(rotvec: np.ndarray) -> np.ndarray:
+    """(3,) rotation vector (axis times angle [rad]) -> (3, 3) rotation matrix (Rodrigues)."""
+    angle = float(np.linalg.norm(rotvec))
+    x, y, z = rotvec / max(angle, 1e-9)
+    k = np.array([[0.0, -z, y], [z, 0.0, -x], [-y, x, 0.0]])
+    return np.eye(3) + math.sin(angle) * k + (1 - math.cos(angle)) * (k @ k)
+
+
+class Kinematics:
+    """Pose and geometric Jacobian of the task-space action's body, in the robot's base frame, from
+    the joint positions: the chain ``legion export`` read from the simulated model
+    (:class:`legion.tasks.manipulation.ik.KinematicChain`, exported as ``action.task_space.chain``),
+    evaluated in numpy (float64) as training evaluates it in torch."""
+
+    def __init__(self, chain: dict):
+        parents, inv_children = (np.asarray(chain[k], np.float64) for k in ("parent_frames", "inv_child_frames"))
+        # Between two joints' motions the frames compose to one constant transform: the first joint's
+        # parent frame, then a joint's child frame inverted times the next one's parent frame (the tip
+        # after the last joint).
+        ends = [*parents[1:], np.asarray(chain["tip"], np.float64)]
+        self.links = [parents[0]] + [inv_child @ end for inv_child, end in zip(inv_children, ends)]
+        self.axes = np.asarray(chain["axes"], np.float64)  # (k, 3) unit axes, each in its joint's frame
+        self.revolute = np.asarray(chain["revolute"], bool)  # else prismatic
+        self.columns: list[int] = chain["joint_ids"]  # the joints (of the policy's joint order) that move the body
+        # A joint's motion as 4x4 generators: I + sin(q) K + (1 - cos(q)) K^2 turns about a unit axis
+        # (Rodrigues, K its cross-product matrix); I + q K slides along it.
+        self.generators = np.zeros((len(self.axes), 4, 4))
+        for i, ((x, y, z), revolute) in enumerate(zip(self.axes, self.revolute)):
+            if revolute:
+                self.generators[i, :3, :3] = [[0, -z, y], [z, 0, -x], [-y, x, 0]]
+            else:
+                self.generators[i, :3, 3] = x, y, z
+        self.squares = self.generators @ self.generators
+        self._last: tuple[np.ndarray, tuple] | None = None  # the latest joint positions and their result
+
+    def __call__(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Position (3,) [m], rotation (3, 3) and Jacobian (6, k) (linear rows first) at joint positions q (J,)."""
+        values = q[self.columns]
+        if self._last is not None and np.array_equal(values, self._last[0]):  # the observation's, then the action's
+            return self._last[1]
+        turn = np.where(self.revolute, np.sin(values), values)
+        bend = np.where(self.revolute, 1 - np.cos(values), 0.0)
+        motions = np.eye(4) + turn[:, None, None] * self.generators + bend[:, None, None] * self.squares
+        frame, joints = self.links[0], []
+        for motion, link in zip(motions, self.links[1:]):
+            joints.append(frame)  # the joint's frame before it moves
+            frame = frame @ motion @ link
+        joints = np.stack(joints)
+        origins, axes = joints[:, :3, 3], np.einsum("kij,kj->ki", joints[:, :3, :3], self.axes)
+        position = frame[:3, 3]
+        spin = self.revolute[:, None]
+        arm = position - origins  # axis x arm, written out: np.cross costs more than the rest of this method
+        cross = axes[:, [1, 2, 0]] * arm[:, [2, 0, 1]] - axes[:, [2, 0, 1]] * arm[:, [1, 2, 0]]
+        linear = np.where(spin, cross, axes)
+        result = position, frame[:3, :3], np.concatenate([linear, axes * spin], 1).T
+        self._last = values, result
+        return result
+
+
+class TaskSpaceTargets:
+    """A task-space action turned into joint targets on the robot, as
+    :class:`legion.tasks.mdp.actions.TaskSpaceAction` does in training: the body's desired pose
+    (held from tick to tick, from the pose an episode starts at) moved by the action, clamped to
+    ``max_error`` of the reached position, then one damped-least-squares step on the Jacobian at the
+    measured joint positions, within the joint limits; the gripper to its open or closed limit by the
+    sign of the last action component. (Training solves the 6x6 system by unrolled conjugate
+    gradients, which ONNX and CUDA graphs take; here it is solved directly: the same step to ~1e-6.)"""
+
+    def __init__(self, kinematics: Kinematics, spec: dict, joint_limits: np.ndarray, default_joint_pos: np.ndarray):
+        self.kinematics = kinematics  # the observation's (ObservationTerms.kinematics): one evaluation per tick
+        self.mode: str = spec["mode"]
+        self.scale, self.rotation_scale = float(spec["scale"]), float(spec["rotation_scale"])
+        self.damping, self.max_error = float(spec["damping"]), float(spec["max_error"])
+        self.arm_limits = joint_limits[self.kinematics.columns]
+        self.gripper_limits = joint_limits[spec["gripper_joint_ids"]]
+        self.default_pos, self.default_rot, _ = self.kinematics(default_joint_pos)  # absolute mode's origin
+        self.reset()
+
+    def reset(self) -> None:
+        """Start of an episode: the desired pose becomes the pose of the next state."""
+        self.desired: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __call__(self, q: np.ndarray, action: np.ndarray) -> np.ndarray:
+        """Targets of the arm's joints (k,) then the gripper's, for joint positions q (J,) and the action."""
+        position, rotation, jacobian = self.kinematics(q)
+        held_pos, held_rot = self.desired or (position, rotation)
+        if self.mode == "relative":
+            desired_pos = held_pos + self.scale * action[:3]
+            desired_rot = rotation_matrix(self.rotation_scale * action[3:6]) @ held_rot
+        else:
+            desired_pos = self.default_pos + self.scale * action[:3]
+            desired_rot = rotation_matrix(self.rotation_scale * action[3:6]) @ self.default_rot
+        desired_pos = position + np.clip(desired_pos - position, -self.max_error, self.max_error)
+        e = desired_rot @ rotation.T  # the rotation error as training takes it: sin(angle) times the axis
+        error = np.concatenate([desired_pos - position, 0.5 * np.array([e[2, 1] - e[1, 2], e[0, 2] - e[2, 0],
+                                                                        e[1, 0] - e[0, 1]])])
+        system = jacobian @ jacobian.T + self.damping ** 2 * np.eye(6)
+        step = jacobian.T @ np.linalg.solve(system, error)
+        arm = np.clip(q[self.kinematics.columns] + step, *self.arm_limits.T)
+        gripper = self.gripper_limits[:, 1] if len(action) > 6 and action[6] > 0 else self.gripper_limits[:, 0]
+        targets = np.concatenate([arm, gripper])
+        if np.isfinite(targets).all():  # a NaN is the caller's to report; the pose held stays as it was
+            self.desired = desired_pos, desired_rot
+        return targets
 
 
 class OnnxPolicy:
@@ -264,10 +378,12 @@ class OnnxPolicy:
         joints = len(meta["joint_names"])
         lengths = {k: len(meta[k]) for k in ("default_joint_pos", "joint_stiffness", "joint_damping",
                                              "effort_limits", "joint_limits")}
-        if any(n != joints for n in lengths.values()) or self.num_actions != len(meta["action"]["joint_ids"]):
+        task_space = meta["action"].get("task_space")  # a pose (6) and the gripper's open/close, if it has one
+        actions = 6 + bool(task_space["gripper_joint_ids"]) if task_space else len(meta["action"]["joint_ids"])
+        if any(n != joints for n in lengths.values()) or self.num_actions != actions:
             raise PolicyLoadError(f"{where}: {joints} joint names but per-joint lists of lengths {lengths} and "
-                                  f"{self.num_actions} actions for {len(meta['action']['joint_ids'])} actuated joints. "
-                                  "Re-export.")
+                                  f"{self.num_actions} actions where the action ({meta['action']['type']} of "
+                                  f"{len(meta['action']['joint_ids'])} joints) takes {actions}. Re-export.")
         expected_inputs = ["obs"] + (["h_in", "c_in"] if self.recurrent and self.recurrent["type"] == "lstm"
                                      else ["h_in"] if self.recurrent else [])
         if self.input_names != expected_inputs:
@@ -317,6 +433,8 @@ class ObservationTerms:
         self.quat_reference = None if reference is None else np.asarray(reference, np.float32)
         terms = metadata["observation"]["terms"]
         self.size: int = metadata["observation"]["size"]
+        task_space = metadata["action"].get("task_space")
+        self.kinematics = Kinematics(task_space["chain"]) if task_space else None
         self.terms = []  # (name, function, size)
         low, high, scale = [], [], []  # per observation element: the clip range and the scale
         for term in terms:
@@ -326,6 +444,12 @@ class ObservationTerms:
                                       f"edge-runtime version; known: {sorted(OBSERVATION_TERMS)}. Add it to "
                                       "sim2real/deploy/policy.py OBSERVATION_TERMS.")
             params = term.get("params") or {}
+            moved = [task_space["body_id"]] if task_space else None
+            if term["func"] == "body_position" and params.get("bodies") != moved:
+                raise PolicyLoadError(f"{where}: observation term '{term['name']}' (body_position of bodies "
+                                      f"{params.get('bodies')}) is computed on the robot by forward kinematics of the "
+                                      "task-space action's chain, and this policy's action moves no such body. "
+                                      "Observe the task-space action's own body (task.action.params.body).")
             func = edge.func(params) if edge.parametric else edge.func
             joints = params.get("joints")  # a subset of the joints (metadata version 2)
             if joints is not None and list(joints) != list(range(len(self.joint_names))):
@@ -429,13 +553,15 @@ class PolicyRunner:
         self.policy = OnnxPolicy(path, providers, check_hash)
         meta = self.metadata = self.policy.metadata
         action = meta["action"]
-        if action["type"] not in ("joint_position", "joint_position_delta"):
+        if action["type"] not in ("joint_position", "joint_position_delta", "task_space"):
             raise PolicyLoadError(f"{path}: action type '{action['type']}'. The edge runtime drives position-"
-                                  "controlled joints (action type joint_position or joint_position_delta); effort "
-                                  "policies need their own runner (ObservationTerms builds their observation).")
+                                  "controlled joints (action type joint_position, joint_position_delta or "
+                                  "task_space); effort policies need their own runner (ObservationTerms builds "
+                                  "their observation).")
         self.action_delta = action["type"] == "joint_position_delta"
         self.action_joint_ids = np.asarray(action["joint_ids"])
         self.action_limits = np.asarray(meta["joint_limits"], np.float32)[self.action_joint_ids]
+
         self.joint_names: list[str] = meta["joint_names"]
         self.control_dt: float = meta["control_dt"]
         self.action_scale = np.asarray(action["scale"], np.float32)
@@ -444,6 +570,9 @@ class PolicyRunner:
         self.action_clamp = action.get("clamp_to_limits", False)  # absent before metadata carried it
         self.terms = ObservationTerms(meta, path)
         self.state_keys = self.terms.state_keys
+        self.task_space = None if self.terms.kinematics is None else TaskSpaceTargets(
+            self.terms.kinematics, action["task_space"], np.asarray(meta["joint_limits"], np.float64),
+            np.asarray(meta["default_joint_pos"], np.float64))
         self.reset()
 
     def reset(self) -> None:
@@ -452,6 +581,8 @@ class PolicyRunner:
         self.targets = None
         self.last_action = np.zeros(self.policy.num_actions, np.float32)
         self.hidden = self.policy.initial_state(1)
+        if self.task_space is not None:
+            self.task_space.reset()
 
     def check_state(self, state: dict) -> None:
         """Raises :class:`StateError` unless every field the policy reads is in ``state``, numeric
@@ -471,8 +602,9 @@ class PolicyRunner:
         """Joint position targets (J,) [rad or m], every joint in the policy's joint order, for this
         state and command: on the action's joints default + scale * action (within the joint
         limits if the action clamps to them), or (``joint_position_delta``) the previous targets +
-        scale * action within the joint limits; joints the action does not drive (e.g. a
-        gripper's second finger) hold the default pose, as in training.
+        scale * action within the joint limits, or (``task_space``) the arm's targets toward the
+        desired pose of its body and the gripper's (:class:`TaskSpaceTargets`); joints the action
+        does not drive (e.g. a gripper's second finger) hold the default pose, as in training.
 
         Also keeps the observation (``last_obs``) and action (``last_action``) it used. Never
         returns a non-finite target: raises :class:`NonFiniteError` instead (and then keeps the
@@ -487,6 +619,8 @@ class PolicyRunner:
             if self.targets is None:  # an episode starts from the joint positions it is in
                 self.targets = np.asarray(state["joint_pos"], np.float32)[self.action_joint_ids]
             targets = np.clip(self.targets + self.action_scale * action, *self.action_limits.T)
+        elif self.task_space is not None:
+            targets = self.task_space(np.asarray(state["joint_pos"], np.float64), action).astype(np.float32)
         else:
             targets = self.action_offset + self.action_scale * action
             if self.action_clamp:
