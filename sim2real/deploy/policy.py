@@ -184,11 +184,16 @@ def _providers(preferred: list[str] | None) -> list:
     return providers + ["CPUExecutionProvider"]
 
 
+def skew(v) -> np.ndarray:
+    """(3,) -> (3, 3): the matrix of the cross product ``v x``."""
+    x, y, z = v
+    return np.array([[0.0, -z, y], [z, 0.0, -x], [-y, x, 0.0]])
+
+
 def rotation_matrix(rotvec: np.ndarray) -> np.ndarray:
     """(3,) rotation vector (axis times angle [rad]) -> (3, 3) rotation matrix (Rodrigues)."""
     angle = float(np.linalg.norm(rotvec))
-    x, y, z = rotvec / max(angle, 1e-9)
-    k = np.array([[0.0, -z, y], [z, 0.0, -x], [-y, x, 0.0]])
+    k = skew(rotvec / max(angle, 1e-9))
     return np.eye(3) + math.sin(angle) * k + (1 - math.cos(angle)) * (k @ k)
 
 
@@ -211,11 +216,11 @@ class Kinematics:
         # A joint's motion as 4x4 generators: I + sin(q) K + (1 - cos(q)) K^2 turns about a unit axis
         # (Rodrigues, K its cross-product matrix); I + q K slides along it.
         self.generators = np.zeros((len(self.axes), 4, 4))
-        for i, ((x, y, z), revolute) in enumerate(zip(self.axes, self.revolute)):
+        for i, (axis, revolute) in enumerate(zip(self.axes, self.revolute)):
             if revolute:
-                self.generators[i, :3, :3] = [[0, -z, y], [z, 0, -x], [-y, x, 0]]
+                self.generators[i, :3, :3] = skew(axis)
             else:
-                self.generators[i, :3, 3] = x, y, z
+                self.generators[i, :3, 3] = axis
         self.squares = self.generators @ self.generators
         self._last: tuple[np.ndarray, tuple] | None = None  # the latest joint positions and their result
 
@@ -435,6 +440,7 @@ class ObservationTerms:
         self.size: int = metadata["observation"]["size"]
         task_space = metadata["action"].get("task_space")
         self.kinematics = Kinematics(task_space["chain"]) if task_space else None
+        moved = [task_space["body_id"]] if task_space else None  # the one body forward kinematics gives
         self.terms = []  # (name, function, size)
         low, high, scale = [], [], []  # per observation element: the clip range and the scale
         for term in terms:
@@ -444,7 +450,6 @@ class ObservationTerms:
                                       f"edge-runtime version; known: {sorted(OBSERVATION_TERMS)}. Add it to "
                                       "sim2real/deploy/policy.py OBSERVATION_TERMS.")
             params = term.get("params") or {}
-            moved = [task_space["body_id"]] if task_space else None
             if term["func"] == "body_position" and params.get("bodies") != moved:
                 raise PolicyLoadError(f"{where}: observation term '{term['name']}' (body_position of bodies "
                                       f"{params.get('bodies')}) is computed on the robot by forward kinematics of the "
@@ -561,7 +566,6 @@ class PolicyRunner:
         self.action_delta = action["type"] == "joint_position_delta"
         self.action_joint_ids = np.asarray(action["joint_ids"])
         self.action_limits = np.asarray(meta["joint_limits"], np.float32)[self.action_joint_ids]
-
         self.joint_names: list[str] = meta["joint_names"]
         self.control_dt: float = meta["control_dt"]
         self.action_scale = np.asarray(action["scale"], np.float32)
