@@ -438,7 +438,7 @@ class ObservationTerms:
         self.quat_reference = None if reference is None else np.asarray(reference, np.float32)
         terms = metadata["observation"]["terms"]
         self.size: int = metadata["observation"]["size"]
-        task_space = metadata["action"].get("task_space")
+        task_space = (metadata.get("action") or {}).get("task_space")  # metadata of observations alone has no action
         self.kinematics = Kinematics(task_space["chain"]) if task_space else None
         moved = [task_space["body_id"]] if task_space else None  # the one body forward kinematics gives
         self.terms = []  # (name, function, size)
