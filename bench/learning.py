@@ -19,8 +19,7 @@ The run itself (config, checkpoints, TensorBoard) goes to runs/<task>/<date>_lea
     python bench/learning.py --task arm_reach --minutes 30 --eval-every 5
     python bench/learning.py --task biped_flat --minutes 2 --eval-every 1 sim.num_envs=256   # a quick check
     python bench/learning.py --task quadruped_flat --minutes 45 --eval-every 9 robot=go2   # learning_quadruped_flat_go2
-    python bench/learning.py --task quadruped_flat --minutes 45 --eval-every 9 --tag lstm robot=go2 \
-        agent.actor.rnn.type=lstm                                          # learning_quadruped_flat_go2_lstm
+    python bench/learning.py --task quadruped_flat --minutes 45 --tag lstm robot=go2 agent.actor.rnn.type=lstm   # _lstm
     python bench/learning.py --task quadruped_flat --minutes 20 --eval-every 2 --num-envs 1024 sim.backend=warp
     python bench/learning.py --task arm_lift --minutes 60 --eval-every 15 --episodes 100 --resume   # 60 min more
     python bench/learning.py --task arm_lift_ik --mode dagger --num-envs 128 --minutes 8 --eval-every 2 \
