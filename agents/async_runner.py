@@ -244,6 +244,10 @@ class AsyncRunner(Runner):
             if worker.ident is not None:  # started
                 worker.join()
 
+    @property
+    def _acting_ppo(self):
+        return self.behaviour
+
     def _snapshot(self) -> dict:
         """While the workers run: the last published version (a copy nobody modifies) and the
         env state the actor captured at its last rollout boundary."""

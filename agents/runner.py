@@ -135,6 +135,7 @@ class Runner:
         self._last_save_time = time.monotonic()
         self._purge_step: int | None = None  # set by load(): TensorBoard forgets steps after it
         self._nonfinite_updates = 0  # skipped (non-finite) updates in a row
+        self._episodes_under_way = False  # spread by the first learn(), or restored by load()
         # f(runner, iteration), called on the main thread after each iteration (e.g. task.record).
         self.on_iteration: list = []
 
@@ -152,9 +153,23 @@ class Runner:
 
     # --- checkpoints ----------------------------------------------------------------------
     def _env_state(self) -> dict:
-        """The env's RNG states and its ``state_dict`` (randomization ranges, curriculum), if any."""
-        return {"rng": rng_states(self.env),
-                "state": clone_tree(self.env.state_dict()) if hasattr(self.env, "state_dict") else None}
+        """The env's RNG states, its ``state_dict`` (randomization ranges, curriculum) and its
+        episodes in progress with the acting policy's memory (a recurrent policy's hidden states),
+        where the env has them: from a checkpoint between iterations, a sync run on the CPU resumes
+        bit for bit."""
+        env, acting = self.env, self._acting_ppo
+        episode = None
+        if hasattr(env, "episode_state"):
+            memory = {name: clone_tree(model.get_hidden_state()) for name, model in
+                      (("actor", acting.actor), ("critic", acting.critic))}
+            episode = {"num_envs": env.num_envs, "env": env.episode_state(), "memory": memory}
+        return {"rng": rng_states(env), "state": clone_tree(env.state_dict()) if hasattr(env, "state_dict") else None,
+                "episode": episode}
+
+    @property
+    def _acting_ppo(self):
+        """The PPO whose policy steps the env (async: the actor thread's)."""
+        return self.ppo
 
     def _snapshot(self) -> dict:
         """What a checkpoint holds, taken from the live learner (between updates)."""
@@ -168,6 +183,8 @@ class Runner:
         checkpoint = {"policy": policy, "iteration": iteration, "rng": rng}
         if env_state["state"] is not None:
             checkpoint["env"] = env_state["state"]
+        if env_state.get("episode") is not None:
+            checkpoint["episode"] = env_state["episode"]
         return checkpoint
 
     def save(self, path: str | Path | None = None) -> Path:
@@ -202,6 +219,27 @@ class Runner:
                   "(another device count, or an older checkpoint); they keep their current state.", flush=True)
         if "env" in checkpoint and hasattr(self.env, "load_state_dict"):
             self.env.load_state_dict(checkpoint["env"])
+        self._restore_episodes(path, checkpoint.get("episode"))
+
+    def _restore_episodes(self, path, episode: dict | None) -> None:
+        """The episodes in progress and the policy's memory, where the checkpoint holds them and they
+        fit (same task and ``num_envs``); otherwise every world starts a fresh episode, as before."""
+        self._episodes_under_way = False
+        if episode is None or not hasattr(self.env, "load_episode_state"):
+            return
+        try:
+            if episode["num_envs"] != self.env.num_envs:
+                raise ValueError(f"it ran {episode['num_envs']} envs, this run {self.env.num_envs}")
+            self.env.load_episode_state(episode["env"])
+        except ValueError as e:
+            print(f"[legion] note: {path}: its episodes in progress are not restored ({e}); every env starts a "
+                  "new episode.", flush=True)
+            return
+        for name, model in (("actor", self._acting_ppo.actor), ("critic", self._acting_ppo.critic)):
+            hidden = episode["memory"][name]
+            if hidden is not None:
+                model.reset(hidden_state=clone_tree(hidden))
+        self._episodes_under_way = True
 
     def init_from(self, path: str | Path) -> None:
         """Starts from the networks and observation normalizers of another run's checkpoint
@@ -276,12 +314,14 @@ class Runner:
         self.log.start(self.iteration, max_iterations, purge_step=self._purge_step)
         self._purge_step = None
         self._stop.clear()
-        if self.cfg.random_episode_start:
+        if self.cfg.random_episode_start and not self._episodes_under_way:
             # Episodes that only time out end together forever: every rollout would then hold one
             # phase of the episode (all starts, or all ends). Spread the phases once (rsl-rl's
-            # init_at_random_ep_len); the first episodes end early.
+            # init_at_random_ep_len); the first episodes end early. Not again in a later learn() of
+            # this runner, nor after episodes restored from a checkpoint: they are spread already.
             buf = self.env.episode_length_buf
             buf.copy_(torch.randint_like(buf, high=int(self.env.max_episode_length)))
+        self._episodes_under_way = True
 
     def _end(self, start_iteration: int) -> None:
         if self.log_dir is not None and self.iteration > start_iteration:

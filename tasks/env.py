@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+from collections.abc import Callable
 
 import torch
 from rsl_rl.env import VecEnv
@@ -228,6 +229,62 @@ class LegionEnv(VecEnv):
         """Restores the current randomization ranges, the curriculum's step count and terrain levels."""
         self.events.load_state_dict(state)
         self.curriculum_manager.load_state_dict(state)
+
+    def episode_state(self) -> dict:
+        """The episodes in progress, as copies, for a checkpoint a run resumes from bit for bit: the
+        simulation's state (:meth:`NewtonSim.state_dict`), the latest observations, and every tensor
+        the action, command, managers and terms hold (step counters, commands and their timers,
+        action histories, contact timers, episode sums, ...). Those are found by walking the
+        objects, so a term that keeps a new buffer is saved without being listed anywhere."""
+        return {"sim": self.sim.state_dict(), "observations": {k: v.clone() for k, v in self._observations.items()},
+                "terms": {path: tensor.clone() for path, (tensor, _) in self._term_tensors().items()}}
+
+    def load_episode_state(self, state: dict) -> None:
+        """Restores :meth:`episode_state` of the same task and ``num_envs``; raises ValueError
+        naming what does not fit (e.g. a checkpoint of another task version), restoring nothing."""
+        terms, saved = self._term_tensors(), state["terms"]
+        misfit = sorted((saved.keys() ^ terms.keys()) | {k for k in saved.keys() & terms.keys()
+                                                         if saved[k].shape[:1] != terms[k][0].shape[:1]})
+        if misfit or set(state["observations"]) != set(self._observations.keys()):
+            raise ValueError(f"the saved episodes do not fit this env (task or num_envs changed): {misfit[:8]}")
+        with torch.inference_mode():  # the tensors a rollout made are inference tensors
+            self.sim.load_state_dict(state["sim"])
+            for path, value in saved.items():
+                tensor, replace = terms[path]
+                if tensor.shape == value.shape:
+                    tensor.copy_(value)
+                else:  # a buffer sized at its first use (an event's values): the saved one in its place
+                    replace(value.clone())
+            for key, value in state["observations"].items():
+                self._observations[key].copy_(value)
+
+    def _term_tensors(self) -> dict[str, tuple[torch.Tensor, Callable[[torch.Tensor], None]]]:
+        """Every tensor held by the env's own objects (action, command, managers, terms, timers), by
+        attribute path, with a function that puts another tensor in its place; the simulation and
+        its entities are :meth:`NewtonSim.state_dict`'s."""
+        found: dict[str, tuple[torch.Tensor, Callable[[torch.Tensor], None]]] = {}
+        seen = {id(self), id(self.sim), *(id(entity) for entity in self.scene.values())}
+
+        def walk(obj, path: str, replace) -> None:
+            if id(obj) in seen:
+                return
+            seen.add(id(obj))
+            if isinstance(obj, torch.Tensor):
+                found[path] = (obj, replace)
+            elif isinstance(obj, (dict, list)):
+                for key, value in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
+                    walk(value, f"{path}[{key!r}]", functools.partial(obj.__setitem__, key))
+            elif isinstance(obj, tuple):
+                for i, value in enumerate(obj):
+                    walk(value, f"{path}[{i}]", None)
+            elif type(obj).__module__.startswith("legion.") and hasattr(obj, "__dict__"):
+                for name, value in vars(obj).items():
+                    walk(value, f"{path}.{name}", functools.partial(setattr, obj, name))
+
+        for name, value in vars(self).items():
+            if name not in ("extras", "reward_values", "_observations", "captured"):  # outputs of the latest step
+                walk(value, name, functools.partial(setattr, self, name))
+        return found
 
     def observation_layout(self) -> dict[str, list[dict]]:
         """Per group, the terms in order: name, function, start, size, scale, clip, params (for

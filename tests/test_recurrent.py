@@ -140,3 +140,34 @@ def test_a_recurrent_run_exports_and_the_runtime_carries_and_resets_its_state(tm
     runner.last_action[:] = 1.0
     ControlLoop(object(), runner)  # type: ignore[arg-type]  (the loop reads the robot only when it ticks)
     assert all(not s.any() for s in runner.hidden) and not runner.last_action.any()
+
+
+def test_a_recurrent_run_resumes_bit_identically_on_the_cpu_in_sync_mode(tmp_path, capsys):
+    """Four iterations in one go, and two, a checkpoint, and two more in a new runner from it: the
+    same weights, physics and recurrent states bit for bit. The quadruped has what a resume must
+    carry over: episodes in progress with their commands, timers and pushes, action and
+    observation noise from the env's generator, contacts and MuJoCo's warm start (C backend)."""
+    overrides = ("task=quadruped_flat", "sim.num_envs=8", "agent.num_steps_per_env=8", "agent.save_interval=2",
+                 "agent.actor.rnn.type=lstm", "agent.actor.rnn.hidden_size=32", "agent.critic.rnn.type=gru",
+                 "agent.critic.rnn.hidden_size=32")
+    straight = make_runner(*overrides)
+    straight.learn(4)
+    make_runner(*overrides, log_dir=tmp_path).learn(2)
+    resumed = make_runner(*overrides)
+    resumed.load(tmp_path / "model_2.pt")
+    resumed.learn(4)
+    assert resumed.env.sim.backend == "c"  # the CPU default
+    for model in ("actor", "critic"):
+        a, b = getattr(straight.ppo, model).state_dict(), getattr(resumed.ppo, model).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+        for x, y in zip(_states(getattr(straight.ppo, model)), _states(getattr(resumed.ppo, model)), strict=True):
+            assert torch.equal(x, y)
+    assert torch.equal(straight.env.sim.joint_q, resumed.env.sim.joint_q)
+    assert straight.history[-1]["mean_reward"] == resumed.history[-1]["mean_reward"]
+
+    # Another number of envs: the weights resume, the episodes start afresh, and the note says so.
+    other = make_runner(*overrides[:1], "sim.num_envs=4", *overrides[2:])
+    other.load(tmp_path / "model_2.pt")
+    assert "its episodes in progress are not restored (it ran 8 envs, this run 4)" in capsys.readouterr().out
+    other.learn(3)
+    assert other.iteration == 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -31,6 +32,9 @@ from legion.tasks.sim.terrain import Terrain, generate
 # launches kernels holds this lock, so sims used from several threads take turns instead.
 # Uncontended (one thread steps the sims, as in agent.mode=async) it costs nothing measurable.
 _WARP_LOCK = threading.Lock()
+
+# The views of the worlds' state and control that a checkpoint keeps (NewtonSim.state_dict).
+_STATE_VIEWS = ("joint_q", "joint_qd", "body_q", "body_qd", "joint_target_q", "joint_f", "contact_forces")
 
 
 def _one_thread_at_a_time(method):
@@ -335,6 +339,48 @@ class NewtonSim:
             self._motor_reset.copy_(self._reset_mask_t[: self.num_envs, None].expand_as(self._motor_reset))
             for history in self._motor_states:
                 history.reset(self._motor_reset_wp)
+
+    # --- what the worlds carry from step to step (checkpoints) -------------------------------
+    def state_dict(self) -> dict:
+        """What a step reads that earlier steps wrote, as copies: every world's joint and body state,
+        controls and contact forces, per-env physical parameters and default root poses (events
+        and the curriculum write them), the solver's own carried state (MuJoCo's warm start) and
+        the motors' delay histories. Restored by :meth:`load_state_dict`, the worlds go on exactly
+        as they would have (a run resumed bit for bit)."""
+        views = {name: getattr(self, name) for name in (*_STATE_VIEWS, *PARAM_FLAGS)}
+        views |= {f"{name}.default_root_pose": e.default_root_pose for name, e in self.scene.items()
+                  if getattr(e, "default_root_pose", None) is not None}
+        views |= {f"motors.{i}": wp.to_torch(a) for i, a in enumerate(self._motor_arrays())}
+        return {name: view.clone() for name, view in {**views, **self.solver.state_dict()}.items()}
+
+    @_one_thread_at_a_time
+    def load_state_dict(self, state: dict) -> None:
+        """Restores :meth:`state_dict` (same scene and ``num_envs``); raises ValueError naming what
+        does not fit."""
+        current = self.state_dict()
+        if set(state) != set(current) or any(state[k].shape != current[k].shape for k in current):
+            raise ValueError(f"the saved simulation state does not fit this scene: it holds "
+                             f"{sorted((k, tuple(v.shape)) for k, v in state.items())}, this sim "
+                             f"{sorted((k, tuple(v.shape)) for k, v in current.items())}")
+        for name in (*_STATE_VIEWS, *PARAM_FLAGS):
+            getattr(self, name).copy_(state[name])
+        self._changed.update(PARAM_FLAGS)  # the next step hands them all to the solver (the same values: exact)
+        for name, entity in self.scene.items():
+            if f"{name}.default_root_pose" in state:
+                entity.default_root_pose.copy_(state[f"{name}.default_root_pose"])
+        for i, array in enumerate(self._motor_arrays()):
+            wp.to_torch(array).copy_(state[f"motors.{i}"])
+        self.solver.load_state_dict({k: v for k, v in state.items() if k.startswith("solver.")})
+
+    def _motor_arrays(self) -> list[wp.array]:
+        """The Warp arrays of the motors' state (the delay's history buffers), in a fixed order."""
+        arrays = []
+        for state in self._motor_states or ():
+            for part in (state.delay_state, state.drive_state):
+                if part is not None:
+                    arrays += [getattr(part, f.name) for f in dataclasses.fields(part)
+                               if isinstance(getattr(part, f.name), wp.array)]
+        return arrays
 
     def ground_height(self, xy: torch.Tensor) -> torch.Tensor:
         """Height [m] of the ground under world points ``xy`` (..., 2) [m]: the terrain's, else 0."""

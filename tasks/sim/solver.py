@@ -226,6 +226,15 @@ class MuJoCo:
     def reset(self, state, world_mask) -> None:
         self.solver.reset(state, world_mask, flags=0)  # flags=0: the solver's own buffers only
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """What the solver carries from step to step besides Newton's state: MuJoCo's warm start
+        (live views; :meth:`NewtonSim.state_dict` copies them)."""
+        return {"solver.qacc_warmstart": wp.to_torch(self.solver.mjw_data.qacc_warmstart)}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for name, view in self.state_dict().items():
+            view.copy_(state[name])
+
     def sense_contacts(self, out: wp.array) -> None:
         """Net contact force on every body [N], world frame: ``out`` (num_envs, bodies_per_world) vec3."""
         out.zero_()
@@ -299,6 +308,12 @@ class XPBD:
 
     def reset(self, state, world_mask) -> None:
         self.solver.reset(state, world_mask, flags=0)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        pass
 
     def sense_contacts(self, out) -> None:
         raise ValueError("Contact-force sensing needs sim=mujoco.")
@@ -480,10 +495,16 @@ class MuJoCoC(MuJoCo):
         control from the state), the worlds come back from C after every physics step for it, their
         joint coordinates (no forward kinematics) in Newton's state before it runs."""
         if self._graphs is None:  # the conversions' launches recorded once: replays skip Warp's Python
+            # Recording runs each conversion, and a pull turns the state into MuJoCo's coordinates and
+            # back (rounded): keep the state as given, so that the first step of a sim, fresh or
+            # restored from a checkpoint, starts from it exactly.
+            kept = [(array, wp.clone(array)) for array in (state.joint_q, state.joint_qd, state.body_q, state.body_qd)]
             record = functools.partial(_record, self.sim.device)
             self._graphs = {"push": record(self._push, state, control), "pull": record(self._pull, state),
                             "push_control": record(self._push_control, state, control),
                             "pull_coordinates": record(self._pull_coordinates, state)}
+            for array, copy_ in kept:
+                array.assign(copy_)
         graphs = self._graphs
         if before_each_step is not None:
             before_each_step()
@@ -546,6 +567,11 @@ class MuJoCoC(MuJoCo):
     def reset(self, state, world_mask) -> None:
         """The reset worlds' warm start forgotten: their next step starts from MuJoCo's own guess."""
         self.states[world_mask.numpy()[: self.sim.num_envs], self.columns["warmstart"]] = 0.0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Each world's integration state (its warm start included) and its contact sensors' last
+        readings: torch views of the rows the C library reads and writes."""
+        return {"solver.states": torch.from_numpy(self.states), "solver.sensors": torch.from_numpy(self.sensors)}
 
     def sense_contacts(self, out: wp.array) -> None:
         forces = out.numpy().reshape(self.sim.num_envs, -1, 3)
