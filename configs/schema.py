@@ -100,6 +100,10 @@ class Robot:
     actuators: dict[str, Any] = entries(Actuator)  # name -> Actuator, applied in order (later wins)
     collision: Collision = field(default_factory=Collision)
     mirror: MirrorMap = field(default_factory=MirrorMap)
+    # joint_position actions on this robot, [rad per unit action]: one value, or joint regex ->
+    # value (later patterns win); null: task.action.scale. Per joint where the gains differ by
+    # joint: mjlab's 0.25 effort_limit / stiffness asks every joint for the same share of its torque.
+    action_scale: Any = None
 
 
 @dataclass

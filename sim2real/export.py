@@ -125,7 +125,9 @@ def build_metadata(loaded: LoadedRun, actor) -> dict:
         return [float(f"{v:.7g}") for v in t.reshape(-1).tolist()] if t.dim() <= 1 else [floats(r) for r in t]
 
     nominal = robot.defaults  # world 0 holds the model's own values before randomization
-    action = {"type": task.action.type, "joint_ids": env.action.joint_ids.tolist(), "scale": float(env.action.scale),
+    scale = env.action.scale  # one value, or one per joint (robot.action_scale)
+    action = {"type": task.action.type, "joint_ids": env.action.joint_ids.tolist(),
+              "scale": floats(scale) if isinstance(scale, torch.Tensor) else float(scale),
               "offset": floats(env.action.offset[0]), "clip": env.action.clip,
               "clamp_to_limits": env.action.clamp_to_limits}
     if task.action.type == "task_space":  # what the runtime's IK needs (sim2real/deploy/policy.py TaskSpaceTargets)

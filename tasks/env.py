@@ -101,7 +101,10 @@ class LegionEnv(VecEnv):
         if unknown:
             raise ValueError(f"task.action.params: {unknown} not taken by type {action.type}; "
                              f"it takes {sorted(takes)}.")
-        self.action = mdp.ACTIONS[action.type](self, joints=action.joints, scale=action.scale, clip=action.clip,
+        scale = action.scale
+        if action.type == "joint_position" and task.scene.robot.action_scale is not None:
+            scale = task.scene.robot.action_scale  # the robot's own (robot.action_scale)
+        self.action = mdp.ACTIONS[action.type](self, joints=action.joints, scale=scale, clip=action.clip,
                                                   clamp_to_limits=action.clamp_to_limits, **action.params)
         self.num_actions = self.action.dim
         self.command_manager = managers.CommandManager(self, task.command)

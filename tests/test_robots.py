@@ -10,6 +10,7 @@ import torch
 
 from conftest import SMALL_TERRAIN, compose, make_env, make_runner, short_training
 from legion.configs.schema import Actuator, Robot, Scene
+from legion.tasks.mdp.actions import per_joint_scale
 from legion.tasks.sim import NewtonSim
 from legion.tasks.sim.scene import joint_actuators, resolve_asset
 
@@ -44,6 +45,12 @@ def test_each_robot_loads_offline_with_its_base_joints_and_the_gains_of_its_conf
                 assert actual[:, j].tolist() == pytest.approx([value] * 2, rel=1e-6), articulation.joint_names[j]
     # every joint is driven, except the Panda's finger 2: its URDF mimic couples it to finger 1
     assert (articulation.joint_stiffness > 0).sum(1).tolist() == [num_joints - (robot == "panda")] * 2
+    if robot == "g1":  # mjlab's action scale: an action of 1 asks every joint for a quarter of its motor's torque
+        scale = per_joint_scale(articulation, list(range(num_joints)), cfg.task.scene.robot.action_scale)
+        torque = scale * articulation.joint_stiffness[0]
+        assert torque.tolist() == pytest.approx((0.25 * articulation.joint_effort_limit[0]).tolist(), rel=2e-3)
+        with pytest.raises(ValueError, match=r"gives no value to the driven joints \['left_hip_pitch_joint'\]"):
+            per_joint_scale(articulation, [0], {"right_.*": 0.3})
     if robot == "go2":  # the URDF's limits (Unitree's figures) and its DC motors
         assert sim.motor_joint_ids.tolist() == list(range(12))
         knees = articulation.find_joints(".*_calf_joint")

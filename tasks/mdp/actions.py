@@ -9,9 +9,27 @@ step t-k. ``actions`` / ``prev_actions`` stay the policy's own latest outputs (f
 and rewards).
 """
 
+import math
+from collections.abc import Mapping
+
 import torch
 
 from legion.tasks.manipulation.ik import KinematicChain, axis_angle_matrix, dls, rotation_error
+
+
+def per_joint_scale(robot, joint_ids: list[int], scale: Mapping[str, float]) -> torch.Tensor:
+    """(len(joint_ids),) scales from joint regex -> value (later patterns win); every driven joint
+    needs one."""
+    names = [robot.joint_names[i] for i in joint_ids]
+    values = [math.nan] * len(names)
+    for pattern, value in scale.items():
+        matched = set(robot.find_joints(pattern))
+        values = [float(value) if i in matched else v for i, v in zip(joint_ids, values)]
+    missing = [name for name, v in zip(names, values) if math.isnan(v)]
+    if missing:
+        raise ValueError(f"action scale {dict(scale)} gives no value to the driven joints {missing}; add a pattern "
+                         "that matches them (e.g. '.*': 0.25 first, for the rest).")
+    return torch.tensor(values, device=robot.default_joint_pos.device)
 
 
 class JointPositionAction:
@@ -23,10 +41,11 @@ class JointPositionAction:
 
     position_targets = True  # drives the joints' PD targets (not their efforts)
 
-    def __init__(self, env, joints: str = ".*", scale: float = 1.0, clip: float | None = None,
+    def __init__(self, env, joints: str = ".*", scale: float | Mapping[str, float] = 1.0, clip: float | None = None,
                  clamp_to_limits: bool = False):
-        self.env, self.scale, self.clip, self.clamp_to_limits = env, scale, clip, clamp_to_limits
+        self.env, self.clip, self.clamp_to_limits = env, clip, clamp_to_limits
         self.joint_ids = torch.tensor(env.robot.find_joints(joints), dtype=torch.long, device=env.device)
+        self.scale = per_joint_scale(env.robot, self.joint_ids.tolist(), scale) if isinstance(scale, Mapping) else scale
         if self.position_targets:
             limp = [env.robot.joint_names[i] for i in self.joint_ids.tolist() if env.robot.joint_stiffness[0, i] == 0]
             if limp:  # a URDF has no drives: the robot would collapse, and its worlds go NaN within a second
