@@ -347,30 +347,28 @@ class NewtonSim:
         and the curriculum write them), the solver's own carried state (MuJoCo's warm start) and
         the motors' delay histories. Restored by :meth:`load_state_dict`, the worlds go on exactly
         as they would have (a run resumed bit for bit)."""
-        views = {name: getattr(self, name) for name in (*_STATE_VIEWS, *PARAM_FLAGS)}
-        views |= {f"{name}.default_root_pose": e.default_root_pose for name, e in self.scene.items()
-                  if getattr(e, "default_root_pose", None) is not None}
-        views |= {f"motors.{i}": wp.to_torch(a) for i, a in enumerate(self._motor_arrays())}
-        return {name: view.clone() for name, view in {**views, **self.solver.state_dict()}.items()}
+        return {name: view.clone() for name, view in self._state_views().items()}
 
     @_one_thread_at_a_time
     def load_state_dict(self, state: dict) -> None:
         """Restores :meth:`state_dict` (same scene and ``num_envs``); raises ValueError naming what
-        does not fit."""
-        current = self.state_dict()
-        if set(state) != set(current) or any(state[k].shape != current[k].shape for k in current):
+        does not fit, restoring nothing."""
+        views = self._state_views()
+        if set(state) != set(views) or any(state[k].shape != views[k].shape for k in views):
             raise ValueError(f"the saved simulation state does not fit this scene: it holds "
                              f"{sorted((k, tuple(v.shape)) for k, v in state.items())}, this sim "
-                             f"{sorted((k, tuple(v.shape)) for k, v in current.items())}")
-        for name in (*_STATE_VIEWS, *PARAM_FLAGS):
-            getattr(self, name).copy_(state[name])
+                             f"{sorted((k, tuple(v.shape)) for k, v in views.items())}")
+        for name, view in views.items():
+            view.copy_(state[name])
         self._changed.update(PARAM_FLAGS)  # the next step hands them all to the solver (the same values: exact)
-        for name, entity in self.scene.items():
-            if f"{name}.default_root_pose" in state:
-                entity.default_root_pose.copy_(state[f"{name}.default_root_pose"])
-        for i, array in enumerate(self._motor_arrays()):
-            wp.to_torch(array).copy_(state[f"motors.{i}"])
-        self.solver.load_state_dict({k: v for k, v in state.items() if k.startswith("solver.")})
+
+    def _state_views(self) -> dict[str, torch.Tensor]:
+        """:meth:`state_dict`'s entries as live views (writing one writes the simulation)."""
+        views = {name: getattr(self, name) for name in (*_STATE_VIEWS, *PARAM_FLAGS)}
+        views |= {f"{name}.default_root_pose": e.default_root_pose for name, e in self.scene.items()
+                  if getattr(e, "default_root_pose", None) is not None}
+        views |= {f"motors.{i}": wp.to_torch(a) for i, a in enumerate(self._motor_arrays())}
+        return views | self.solver.state_views()
 
     def _motor_arrays(self) -> list[wp.array]:
         """The Warp arrays of the motors' state (the delay's history buffers), in a fixed order."""

@@ -226,14 +226,10 @@ class MuJoCo:
     def reset(self, state, world_mask) -> None:
         self.solver.reset(state, world_mask, flags=0)  # flags=0: the solver's own buffers only
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """What the solver carries from step to step besides Newton's state: MuJoCo's warm start
-        (live views; :meth:`NewtonSim.state_dict` copies them)."""
+    def state_views(self) -> dict[str, torch.Tensor]:
+        """What the solver carries from step to step besides Newton's state, as live views (a
+        checkpoint's: :meth:`NewtonSim.state_dict`): MuJoCo's warm start."""
         return {"solver.qacc_warmstart": wp.to_torch(self.solver.mjw_data.qacc_warmstart)}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        for name, view in self.state_dict().items():
-            view.copy_(state[name])
 
     def sense_contacts(self, out: wp.array) -> None:
         """Net contact force on every body [N], world frame: ``out`` (num_envs, bodies_per_world) vec3."""
@@ -309,11 +305,8 @@ class XPBD:
     def reset(self, state, world_mask) -> None:
         self.solver.reset(state, world_mask, flags=0)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
+    def state_views(self) -> dict[str, torch.Tensor]:
         return {}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        pass
 
     def sense_contacts(self, out) -> None:
         raise ValueError("Contact-force sensing needs sim=mujoco.")
@@ -568,7 +561,7 @@ class MuJoCoC(MuJoCo):
         """The reset worlds' warm start forgotten: their next step starts from MuJoCo's own guess."""
         self.states[world_mask.numpy()[: self.sim.num_envs], self.columns["warmstart"]] = 0.0
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
+    def state_views(self) -> dict[str, torch.Tensor]:
         """Each world's integration state (its warm start included) and its contact sensors' last
         readings: torch views of the rows the C library reads and writes."""
         return {"solver.states": torch.from_numpy(self.states), "solver.sensors": torch.from_numpy(self.sensors)}
