@@ -203,9 +203,11 @@ class Runner:
             prune(self.log_dir, self.cfg.keep_last, self.cfg.keep_every)
         return path
 
-    def load(self, path: str | Path, checkpoint: dict | None = None) -> None:
+    def load(self, path: str | Path, checkpoint: dict | None = None, episodes: bool = True) -> None:
         """Restores networks, normalizers, optimizer, learning rate, iteration, RNG and env states
-        from a checkpoint written on any device (``checkpoint``: its already loaded contents)."""
+        from a checkpoint written on any device (``checkpoint``: its already loaded contents), and
+        with ``episodes`` the episodes in progress (to train on; a policy loaded to be run starts
+        its own)."""
         checkpoint = checkpoint if checkpoint is not None else load_checkpoint(path)
         try:
             load_policy_state(self.ppo, checkpoint["policy"])
@@ -219,12 +221,13 @@ class Runner:
                   "(another device count, or an older checkpoint); they keep their current state.", flush=True)
         if "env" in checkpoint and hasattr(self.env, "load_state_dict"):
             self.env.load_state_dict(checkpoint["env"])
-        self._restore_episodes(path, checkpoint.get("episode"))
+        self._episodes_under_way = False
+        if episodes:
+            self._restore_episodes(path, checkpoint.get("episode"))
 
     def _restore_episodes(self, path, episode: dict | None) -> None:
         """The episodes in progress and the policy's memory, where the checkpoint holds them and they
         fit (same task and ``num_envs``); otherwise every world starts a fresh episode, as before."""
-        self._episodes_under_way = False
         if episode is None or not hasattr(self.env, "load_episode_state"):
             return
         try:

@@ -177,7 +177,7 @@ def with_policy(run: str | Path, cfg: schema.Train, env: LegionEnv, checkpoint: 
     env.noise_enabled = False
     runner = Runner(env, cfg.agent, log_dir=None, device=cfg.device)
     try:
-        runner.load(checkpoint, contents)
+        runner.load(checkpoint, contents, episodes=False)  # its user starts the episodes it runs
     except CheckpointError as e:
         raise RunError(str(e)) from None
     return LoadedRun(Path(run), cfg, env, runner, Path(checkpoint))

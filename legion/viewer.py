@@ -242,7 +242,7 @@ def watch_policy(loaded, host: str = "127.0.0.1", port: int = 8080, steps: int |
             return f"not reloaded: {e}"
         if path == loaded.checkpoint:
             return f"{path.name} is still the newest"
-        loaded.runner.load(path, contents)
+        loaded.runner.load(path, contents, episodes=False)
         loaded.checkpoint = path
         print(f"[legion] viewer: reloaded {path}", flush=True)
         return f"loaded {path.name}"

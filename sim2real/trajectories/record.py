@@ -367,7 +367,7 @@ class TrainingRecorder:
                 seed_everything(self.cfg.seed)  # the recording env draws from its own seeded start
                 self.loaded = with_policy(self.run_dir, self.cfg, self.make_env(self.cfg), checkpoint)
             else:
-                self.loaded.runner.load(checkpoint)
+                self.loaded.runner.load(checkpoint, episodes=False)
                 self.loaded.checkpoint = checkpoint
             record_run(self.run_dir, schedule.episodes, out, out.with_name(out.stem + "_videos") if schedule.video
                        else None, loaded=self.loaded)
