@@ -275,6 +275,14 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     result = {"newton": newton, "mujoco": mujoco_rows,
               "mean": {"newton": mean_row(newton), "mujoco": mean_row(mujoco_rows)},
               "loop": loop, "steps": steps, "control_dt": env.step_dt, "onnx": str(onnx)}
+    if not getattr(env.action, "clamp_to_limits", True) and loop["limit_clamped"] > 0.1 * loop["ticks"]:
+        # The runtime keeps targets inside the joint limits; a policy that trained without that clamp
+        # leans on targets past them (its PD pushes into the limit), and drives the robot differently
+        # here: the G1 fell walking backward in MuJoCo only, until it trained clamped.
+        result["note"] = (f"the edge runtime clamped the targets to the joint limits in {loop['limit_clamped']} of "
+                          f"{loop['ticks']} ticks, and the policy trained unclamped (task.action.clamp_to_limits="
+                          "false), so MuJoCo's robot is driven unlike Newton's: train (or fine-tune) with "
+                          "task.action.clamp_to_limits=true, as the robot will act")
     if robustness:
         result["robustness"] = {}
         for condition in ROBUSTNESS:
@@ -431,4 +439,6 @@ def table(result: dict) -> str:
                  f"p99 {loop['latency_p99_us']:.0f} us, deadline misses {loop['misses']}, ticks clamped to joint "
                  f"limits {loop['limit_clamped']} / in rate {loop['rate_clamped']}, watchdog holds {loop['hold']}, "
                  f"stops {loop['stop']}")
+    if "note" in result:
+        lines.append(f"note: {result['note']}")
     return "\n".join(lines)

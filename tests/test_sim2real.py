@@ -597,6 +597,26 @@ def test_sim2sim_matched_physics_reproduces_newton(trained, tmp_path):
     assert table["robustness"]["latency 40 ms"]["vel_error_xy"] != table["robustness"]["nominal"]["vel_error_xy"]
 
 
+def test_sim2sim_says_when_the_runtime_clamps_what_training_did_not(trained, tmp_path):
+    """The edge runtime keeps every target inside the joint limits; a policy trained without that
+    clamp (task.action.clamp_to_limits=false) whose targets pass the limits is driven otherwise in
+    MuJoCo, and sim2sim says so and what to do (the G1 fell walking backward for this reason)."""
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    result = legion("sim2sim", f"run={run}", "duration_s=0.2", "commands=[[0.5,0,0]]", "task.action.scale=20",
+                    f"json={tmp_path / 'sim2sim.json'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = json.loads((tmp_path / "sim2sim.json").read_text())
+    assert table["loop"]["limit_clamped"] > 0.5 * table["loop"]["ticks"]
+    assert "train (or fine-tune) with task.action.clamp_to_limits=true" in result.stdout
+    # trained clamped: the runtime's clamp is what the policy knew; no note
+    clamped = legion("sim2sim", f"run={run}", "duration_s=0.2", "commands=[[0.5,0,0]]", "task.action.scale=20",
+                     "task.action.clamp_to_limits=true", cwd=tmp_path)
+    assert clamped.returncode == 0 and "ticks clamped" in clamped.stdout
+    assert "note: the edge runtime" not in clamped.stdout
+    assert "episodes in progress" not in clamped.stdout  # a policy loaded to run starts its own
+
+
 def test_sim2sim_perturbations_act_on_the_mujoco_robot(trained):
     """Each robustness condition changes what it names: a floor slipperier than the feet (MuJoCo
     would take the larger friction), targets that act one write late, noisy sensors, a heavier base."""
