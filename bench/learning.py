@@ -27,7 +27,10 @@ The run itself (config, checkpoints, TensorBoard) goes to runs/<task>/<date>_lea
 
 ``--resume`` continues the run that bench/results/learning_<task>.json records, with that run's
 config, from its newest checkpoint, for ``--minutes`` more of training: the clock, the env-steps
-and the table go on from the record (a long CPU run in sessions, or a run stopped early).
+and the table go on from the record (a long CPU run in sessions, or a run stopped early). Overrides
+given with ``--resume`` change how the run trains on (fine-tuning, e.g. ``robot=g1
+task.action.clamp_to_limits=true``): the run's config.yaml takes them, and the record lists them
+under ``resumed_with`` with the minute they began.
 
 ``--nproc K`` trains as K torchrun ranks on this machine (`legion train --nproc`: ``sim.num_envs``
 per rank, gradients averaged), e.g. on a CPU whose task steps on one core (arm_lift). Rank 0
@@ -162,6 +165,7 @@ def main():
     name += f"_{args.mode}" if args.mode in ("bc", "dagger") else ""  # learning_arm_lift_dagger
     name += f"_{args.tag}" if args.tag else ""
     record = ROOT / "bench" / "results" / f"{name}.json"
+    changes: list[str] = []  # overrides a resumed run trains on with
     if args.resume:
         if not record.is_file():
             parser.error(f"--resume: no record of an earlier run at {record}; start one without --resume")
@@ -170,8 +174,13 @@ def main():
             parser.error(f"--resume: the recorded run trained as {previous.get('ranks', 1)} rank(s); "
                          f"resume it with --nproc {previous.get('ranks', 1)}")
         run_dir = Path(previous["run"])
-        # the run's own config (same task, robot, envs, mode); robot= only names the record
-        cfg = load_run_config(run_dir, [o for o in args.overrides if not o.startswith("robot=")])
+        # the run's own config (same task, robot, envs, mode); robot= only names the record. Other
+        # overrides change how it trains on (e.g. task.action.clamp_to_limits=true): the run's
+        # config.yaml then says so, as `legion train`'s does, for its evaluation, export and sim2sim.
+        changes = [o for o in args.overrides if not o.startswith("robot=")]
+        cfg = load_run_config(run_dir, changes)
+        if changes:
+            save_config(cfg, run_dir / "config.yaml")
     else:
         previous = None
         overrides = [f"task={args.task}", f"agent.mode={args.mode}", f"device={args.device}",
@@ -216,9 +225,11 @@ def main():
           f"{cfg.agent.mode}, {args.minutes:g} min of training, evaluation every {args.eval_every:g} min; "
           f"run folder {run_dir}", flush=True)
 
-    loaded, rows, evaluations, train_s = None, [], [], 0.0
+    loaded, rows, evaluations, train_s, resumed_with = None, [], [], 0.0, []
     if previous:
         rows, evaluations, train_s = previous["rows"], previous["evaluations"], 60 * previous["rows"][-1]["train_min"]
+        resumed_with = previous.get("resumed_with", []) + ([{"at_min": train_s / 60, "overrides": changes}]
+                                                           if changes else [])
     budget = train_s + 60 * args.minutes
 
     def evaluate() -> None:
@@ -227,7 +238,7 @@ def main():
         if loaded is None:  # the evaluation env, built once
             loaded = evaluation.load(run_dir, options, path)
         else:
-            loaded.runner.load(path)
+            loaded.runner.load(path, episodes=False)
             loaded.checkpoint = path
         report = evaluation.measure(loaded, options)
         row = summarize(report, train_s, runner.iteration, runner.iteration * samples, runner.mean_episode_return,
@@ -271,6 +282,7 @@ def main():
               "num_envs": cfg.sim.num_envs, "ranks": args.nproc,
               "device": cfg.device, "budget_min": budget / 60, "eval": options.__dict__, "run": str(run_dir),
               "goal": goal, "time_to_goal_min": met["train_min"] if met else None,
+              "resumed_with": resumed_with,
               "env_steps_to_goal_M": met["env_steps_M"] if met else None}
     print_table(rows)
     print(f"goal {goal} met after {result['time_to_goal_min']:.1f} min of training" if met else
