@@ -238,6 +238,10 @@ class Action:
     # joint_position: clamp the targets to the joint limits, as a robot that rejects targets past
     # them does (a gripper's stroke); joint_position_delta always does
     clamp_to_limits: bool = False
+    # joint_position: the largest change of a target per second [rad/s] (None: any), as the edge
+    # runtime's safety clamp (max_target_rate, 20 rad/s) will hold it on the robot; an episode's
+    # first targets are free
+    max_target_rate: Optional[float] = None
     # task_space: body (the controlled body, e.g. tcp), mode (relative | absolute), rotation_scale,
     # damping (the IK's, [m]), max_error [m], gripper (joints regex; one action: > 0 open, < 0 close)
     params: dict[str, Any] = field(default_factory=dict)

@@ -672,7 +672,7 @@ def sim2sim(args: list[str]) -> None:
               "[m/s, rad/s]):")
         print(s2s.robustness_table(result))
     if options["json"]:
-        keys = ("newton", "mujoco", "mean", "loop", "robustness", "note")
+        keys = ("newton", "mujoco", "mean", "loop", "robustness", "notes")
         Path(options["json"]).write_text(json.dumps({k: result[k] for k in keys if k in result}, indent=2))
 
 

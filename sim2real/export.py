@@ -129,7 +129,7 @@ def build_metadata(loaded: LoadedRun, actor) -> dict:
     action = {"type": task.action.type, "joint_ids": env.action.joint_ids.tolist(),
               "scale": floats(scale) if isinstance(scale, torch.Tensor) else float(scale),
               "offset": floats(env.action.offset[0]), "clip": env.action.clip,
-              "clamp_to_limits": env.action.clamp_to_limits}
+              "clamp_to_limits": env.action.clamp_to_limits, "max_target_rate": env.action.max_target_rate}
     if task.action.type == "task_space":  # what the runtime's IK needs (sim2real/deploy/policy.py TaskSpaceTargets)
         term, chain = env.action, env.action.chain
         action["task_space"] = {

@@ -223,6 +223,26 @@ def run_mujoco(model, onnx_path: Path, commands: np.ndarray, steps: int, realtim
     return results, summary
 
 
+def runtime_notes(action, loop: dict) -> list[str]:
+    """What the edge runtime's safety clamps did that training did not: a policy that leans on
+    targets past the joint limits (its PD pushing into a limit) or on target jumps faster than the
+    runtime's rate limit is driven otherwise on the robot than in Newton (the G1 fell walking
+    backward in MuJoCo only, until it trained clamped)."""
+    from legion.sim2real.deploy.loop import SafetyConfig
+
+    notes, ticks, rate = [], loop["ticks"], SafetyConfig().max_target_rate
+    if not getattr(action, "clamp_to_limits", True) and loop["limit_clamped"] > 0.1 * ticks:
+        notes.append(f"the edge runtime clamped the targets to the joint limits in {loop['limit_clamped']} of {ticks} "
+                     "ticks, and the policy trained unclamped: train (or fine-tune) with "
+                     "task.action.clamp_to_limits=true, as the robot will act")
+    trained_rate = getattr(action, "max_target_rate", None)
+    if (trained_rate is None or trained_rate > rate) and loop["rate_clamped"] > 0.1 * ticks:
+        notes.append(f"the edge runtime held the targets' rate of change to {rate:g} rad/s (its safety clamp) in "
+                     f"{loop['rate_clamped']} of {ticks} ticks, and the policy trained without that limit: train (or "
+                     f"fine-tune) with task.action.max_target_rate={rate:g}")
+    return notes
+
+
 def mean_row(rows: list[dict]) -> dict:
     """The mean over episodes; ``fell`` becomes the number of falls."""
     keys = ("vel_error_xy", "yaw_rate_error", "survived_s", "tracking_return")
@@ -275,14 +295,7 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     result = {"newton": newton, "mujoco": mujoco_rows,
               "mean": {"newton": mean_row(newton), "mujoco": mean_row(mujoco_rows)},
               "loop": loop, "steps": steps, "control_dt": env.step_dt, "onnx": str(onnx)}
-    if not getattr(env.action, "clamp_to_limits", True) and loop["limit_clamped"] > 0.1 * loop["ticks"]:
-        # The runtime keeps targets inside the joint limits; a policy that trained without that clamp
-        # leans on targets past them (its PD pushes into the limit), and drives the robot differently
-        # here: the G1 fell walking backward in MuJoCo only, until it trained clamped.
-        result["note"] = (f"the edge runtime clamped the targets to the joint limits in {loop['limit_clamped']} of "
-                          f"{loop['ticks']} ticks, and the policy trained unclamped (task.action.clamp_to_limits="
-                          "false), so MuJoCo's robot is driven unlike Newton's: train (or fine-tune) with "
-                          "task.action.clamp_to_limits=true, as the robot will act")
+    result["notes"] = runtime_notes(env.action, loop)
     if robustness:
         result["robustness"] = {}
         for condition in ROBUSTNESS:
@@ -439,6 +452,5 @@ def table(result: dict) -> str:
                  f"p99 {loop['latency_p99_us']:.0f} us, deadline misses {loop['misses']}, ticks clamped to joint "
                  f"limits {loop['limit_clamped']} / in rate {loop['rate_clamped']}, watchdog holds {loop['hold']}, "
                  f"stops {loop['stop']}")
-    if "note" in result:
-        lines.append(f"note: {result['note']}")
+    lines += [f"note: {note}" for note in result.get("notes", [])]
     return "\n".join(lines)

@@ -106,6 +106,10 @@ class LegionEnv(VecEnv):
             scale = task.scene.robot.action_scale  # the robot's own (robot.action_scale)
         self.action = mdp.ACTIONS[action.type](self, joints=action.joints, scale=scale, clip=action.clip,
                                                   clamp_to_limits=action.clamp_to_limits, **action.params)
+        if action.max_target_rate is not None:
+            if action.type != "joint_position":
+                raise ValueError(f"task.action.max_target_rate: a joint_position action takes it, not {action.type}.")
+            self.action.max_target_rate = action.max_target_rate
         self.num_actions = self.action.dim
         self.command_manager = managers.CommandManager(self, task.command)
         self.command = self.command_manager.command

@@ -118,7 +118,8 @@ def test_metadata_round_trip(trained):
     assert meta["joint_names"] == robot.joint_names
     assert meta["default_joint_pos"] == pytest.approx(robot.default_joint_pos[0].tolist(), abs=1e-6)
     assert meta["action"] == {"type": "joint_position", "joint_ids": list(range(12)), "scale": 0.25,
-                              "offset": meta["default_joint_pos"], "clip": None, "clamp_to_limits": False}
+                              "offset": meta["default_joint_pos"], "clip": None, "clamp_to_limits": False,
+                              "max_target_rate": None}
     assert meta["joint_stiffness"] == [80.0] * 12 and meta["joint_damping"] == [2.0] * 12
     assert meta["effort_limits"] == pytest.approx([23.7, 23.7, 45.43] * 4)
     assert np.allclose(meta["joint_limits"], robot.joint_limits.numpy(), atol=1e-6)
@@ -598,23 +599,28 @@ def test_sim2sim_matched_physics_reproduces_newton(trained, tmp_path):
 
 
 def test_sim2sim_says_when_the_runtime_clamps_what_training_did_not(trained, tmp_path):
-    """The edge runtime keeps every target inside the joint limits; a policy trained without that
-    clamp (task.action.clamp_to_limits=false) whose targets pass the limits is driven otherwise in
-    MuJoCo, and sim2sim says so and what to do (the G1 fell walking backward for this reason)."""
+    """The edge runtime keeps every target inside the joint limits and its change under 20 rad/s;
+    a policy trained without those clamps is driven otherwise in MuJoCo, and sim2sim says so and
+    what to do (the G1 fell walking backward for this reason). Trained with them
+    (task.action.clamp_to_limits, task.action.max_target_rate), the runtime acts as training did."""
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
-    result = legion("sim2sim", f"run={run}", "duration_s=0.2", "commands=[[0.5,0,0]]", "task.action.scale=20",
-                    f"json={tmp_path / 'sim2sim.json'}", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    table = json.loads((tmp_path / "sim2sim.json").read_text())
-    assert table["loop"]["limit_clamped"] > 0.5 * table["loop"]["ticks"]
-    assert "train (or fine-tune) with task.action.clamp_to_limits=true" in result.stdout
-    # trained clamped: the runtime's clamp is what the policy knew; no note
+    free = legion("sim2sim", f"run={run}", "duration_s=0.2", "commands=[[0.5,0,0]]", "task.action.scale=20",
+                  f"json={tmp_path / 'free.json'}", cwd=tmp_path)
+    assert free.returncode == 0, free.stderr[-3000:]
+    loop = json.loads((tmp_path / "free.json").read_text())["loop"]
+    assert loop["limit_clamped"] > 0.5 * loop["ticks"] and loop["rate_clamped"] > 0.5 * loop["ticks"]
+    assert "train (or fine-tune) with task.action.clamp_to_limits=true" in free.stdout
+    assert "train (or fine-tune) with task.action.max_target_rate=20" in free.stdout
+    assert "episodes in progress" not in free.stdout  # a policy loaded to run starts its own
     clamped = legion("sim2sim", f"run={run}", "duration_s=0.2", "commands=[[0.5,0,0]]", "task.action.scale=20",
-                     "task.action.clamp_to_limits=true", cwd=tmp_path)
-    assert clamped.returncode == 0 and "ticks clamped" in clamped.stdout
-    assert "note: the edge runtime" not in clamped.stdout
-    assert "episodes in progress" not in clamped.stdout  # a policy loaded to run starts its own
+                     "task.action.clamp_to_limits=true", "task.action.max_target_rate=20", "physics=matched",
+                     f"json={tmp_path / 'clamped.json'}", cwd=tmp_path)
+    assert clamped.returncode == 0, clamped.stderr[-3000:]
+    table = json.loads((tmp_path / "clamped.json").read_text())
+    assert table["notes"] == [] and table["loop"]["limit_clamped"] == 0 and table["loop"]["rate_clamped"] == 0
+    newton, mujoco = table["mean"]["newton"], table["mean"]["mujoco"]
+    assert newton["vel_error_xy"] == pytest.approx(mujoco["vel_error_xy"], abs=1e-3)
 
 
 def test_sim2sim_perturbations_act_on_the_mujoco_robot(trained):

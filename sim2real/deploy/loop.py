@@ -119,7 +119,7 @@ class ControlLoop:
         out = np.clip(targets, self.lower, self.upper)
         self.stats.limit_clamped += int(not np.array_equal(out, targets))
         if self.last_targets is not None:
-            step = self.safety.max_target_rate * self.dt
+            step = self.safety.max_target_rate * self.dt * (1 + 1e-6)  # a policy trained to the same limit passes it
             limited = np.clip(out, self.last_targets - step, self.last_targets + step)
             self.stats.rate_clamped += int(not np.array_equal(limited, out))
             out = limited

@@ -572,6 +572,7 @@ class PolicyRunner:
         self.action_offset = np.asarray(action["offset"], np.float32)
         self.action_clip = action.get("clip")
         self.action_clamp = action.get("clamp_to_limits", False)  # absent before metadata carried it
+        self.action_rate = action.get("max_target_rate")  # [rad/s] or None
         self.terms = ObservationTerms(meta, path)
         self.state_keys = self.terms.state_keys
         self.task_space = None if self.terms.kinematics is None else TaskSpaceTargets(
@@ -605,7 +606,8 @@ class PolicyRunner:
     def act(self, state: dict, command=None) -> np.ndarray:
         """Joint position targets (J,) [rad or m], every joint in the policy's joint order, for this
         state and command: on the action's joints default + scale * action (within the joint
-        limits if the action clamps to them), or (``joint_position_delta``) the previous targets +
+        limits if the action clamps to them, and within ``max_target_rate`` of the previous
+        targets if it has one), or (``joint_position_delta``) the previous targets +
         scale * action within the joint limits, or (``task_space``) the arm's targets toward the
         desired pose of its body and the gripper's (:class:`TaskSpaceTargets`); joints the action
         does not drive (e.g. a gripper's second finger) hold the default pose, as in training.
@@ -629,11 +631,14 @@ class PolicyRunner:
             targets = self.action_offset + self.action_scale * action
             if self.action_clamp:
                 targets = np.clip(targets, *self.action_limits.T)
+            if self.action_rate is not None and self.targets is not None:  # an episode's first targets are free
+                step = np.float32(self.action_rate * self.control_dt)
+                targets = np.clip(targets, self.targets - step, self.targets + step)
         if not math.isfinite(sum(targets.tolist())):
             raise NonFiniteError("non-finite policy output (NaN or Inf) for a finite observation: the ONNX model "
                                  "is broken. Re-export it (legion export verifies the file before writing it).")
         self.last_obs, self.last_action, self.hidden = obs, action.astype(np.float32), hidden
-        if self.action_delta:
+        if self.action_delta or self.action_rate is not None:
             self.targets = targets.copy()  # the caller may write into what it gets
         if len(targets) == len(self.joint_names):
             return targets

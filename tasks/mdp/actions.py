@@ -40,6 +40,7 @@ class JointPositionAction:
     squeezed 1 cm past their stroke)."""
 
     position_targets = True  # drives the joints' PD targets (not their efforts)
+    max_target_rate: float | None = None  # [rad/s] (task.action.max_target_rate), set by the env
 
     def __init__(self, env, joints: str = ".*", scale: float | Mapping[str, float] = 1.0, clip: float | None = None,
                  clamp_to_limits: bool = False):
@@ -62,6 +63,7 @@ class JointPositionAction:
         # captured step (sim.capture_step), whose replays repeat the value it had at capture.
         self._head = torch.zeros((), dtype=torch.long, device=env.device)
         self._env_index = torch.arange(env.num_envs, device=env.device)
+        self._rate_free = torch.ones(env.num_envs, 1, dtype=torch.bool, device=env.device)  # an episode's first step
 
     @property
     def dim(self) -> int:
@@ -101,6 +103,11 @@ class JointPositionAction:
         targets = self.offset + self.scale * self._delayed(actions)
         if self.clamp_to_limits:
             targets = targets.clamp(robot.joint_limits[ids, 0], robot.joint_limits[ids, 1])
+        if self.max_target_rate is not None:  # after the limits, as the edge runtime's safety clamp
+            step = self.max_target_rate * self.env.step_dt
+            previous = robot.joint_pos_target[:, ids]
+            targets = torch.where(self._rate_free, targets, targets.clamp(previous - step, previous + step))
+            self._rate_free.fill_(False)
         robot.joint_pos_target[:, ids] = targets
 
     def applied_torque(self) -> torch.Tensor:
@@ -116,6 +123,7 @@ class JointPositionAction:
         self.actions.masked_fill_(mask[:, None], 0.0)
         self.prev_actions.masked_fill_(mask[:, None], 0.0)
         self._history.masked_fill_(mask[None, :, None], 0.0)
+        self._rate_free |= mask[:, None]
 
 
 class JointPositionDeltaAction(JointPositionAction):
