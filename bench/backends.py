@@ -61,6 +61,8 @@ class RawRollout:
 
         self.solver = c_env.sim.solver
         self.pool = rollout.Rollout(nthread=len(self.solver._datas))
+        # rollout takes one MjModel per world: each world's, its randomized values written in
+        self.models = [self.solver.world_model(w) for w in range(self.solver.sim.num_envs)]
         self.seconds = 0.0
 
     def run(self, control_steps: int) -> None:
@@ -78,7 +80,7 @@ class RawRollout:
         states = np.zeros((len(x), steps, initial.shape[1]))
         t = time.perf_counter()
         for _ in range(control_steps):
-            self.pool.rollout(s.models, s._datas, initial, control, control_spec=spec, nstep=steps,
+            self.pool.rollout(self.models, s._datas, initial, control, control_spec=spec, nstep=steps,
                               initial_warmstart=warmstart, state=states, skip_checks=True)
         self.seconds += time.perf_counter() - t
 

@@ -88,7 +88,7 @@ def test_per_world_parameters_reach_the_c_model():
     """5 kg more on world 1's base, world 2 on the Moon, world 3's base centre of mass 8 cm
     forward: each world's feet carry its own weight, world 3's front feet more of it (MuJoCo
     ignores a body's centre of mass where its compiler found it at the body's origin, unless
-    told otherwise); worlds without parameters of their own keep sharing one MjModel."""
+    told otherwise). The C model holds them as rows per world, not a copy of the model per world."""
     sim = NewtonSim(num_envs=4, backend="c", **QUAD)
     sim.robot.body_mass[1, 0] += 5.0
     sim.gravity[2] = torch.tensor([0.0, 0.0, -1.62])
@@ -100,8 +100,11 @@ def test_per_world_parameters_reach_the_c_model():
     assert weight.tolist() == pytest.approx([MASS * 9.81, (MASS + 5.0) * 9.81, MASS * 1.62, MASS * 9.81], rel=0.02)
     front = forces[:, :2].sum(dim=1) / weight  # FL, FR: the front feet's share
     assert front[3] > front[0] + 0.1
-    models = sim.solver.models
-    assert models[0] is sim.solver.mj_model and all(model is not models[0] for model in models[1:])
+    solver = sim.solver
+    assert len(solver._thread_models) == sim.threads  # one model per thread, however many worlds
+    assert solver.world_model(1).body_mass[1] == pytest.approx(solver.mj_model.body_mass[1] + 5.0)
+    assert solver.world_model(2).opt.gravity[2] == pytest.approx(-1.62)
+    assert solver.world_model(0).body_mass[1] == solver.mj_model.body_mass[1]
 
 
 def test_async_training_leaves_a_core_to_the_learner():

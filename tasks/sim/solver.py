@@ -338,10 +338,12 @@ class MuJoCoC(MuJoCo):
     world's result depends on its own row only: the thread schedule cannot change it (exact
     replay holds).
 
-    - Per-world parameters: the worlds share one MjModel until randomization gives a world
-      values of its own; then that world gets its own copy, and every per-world field MuJoCo
-      Warp holds for it (masses, inertias, friction, gains, gravity, ...) is copied into it
-      whenever it changes (compared to the values last copied).
+    - Per-world parameters: each thread steps its worlds with one MjModel of its own. A field
+      MuJoCo Warp holds per world (masses, inertias, friction, gains, gravity, ...) that
+      randomization has given some world a value of its own is kept as one row per world, and
+      the thread writes a world's rows into its model before stepping that world (a memmove of
+      a few bytes each). A copy of the model per world would hold the whole model 1,024 times:
+      10 MB of rough terrain's height field each, 14 GB for the Go2 on rough terrain.
     - Contact forces: a MuJoCo contact sensor per body (``reduce="netforce"``: the net force
       of the body's contacts, world frame), copied out after each world's last physics step.
     - Solver limits: MuJoCo's C library grows its arena rather than dropping contacts and keeps
@@ -366,8 +368,7 @@ class MuJoCoC(MuJoCo):
         m.opt.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_AUTORESET)
         n = sim.num_envs
         self._per_world = self._per_world_fields()
-        self.models = [m] * n  # a world's own copy once its parameters differ (_copy_parameters)
-        self._model_ptrs = [m._address] * n
+        self._rows: dict[tuple[bool, str], np.ndarray] = {}  # (an opt field?, name) -> (num_envs, size) values
         self._copy_parameters(initial=True)
 
         # One row per world: its integration state, laid out as MuJoCo's mjtState bits in order.
@@ -393,8 +394,10 @@ class MuJoCoC(MuJoCo):
 
         threads = sim.threads
         self._datas = [mujoco.MjData(m) for _ in range(threads)]
+        self._thread_models = [copy.copy(m) for _ in range(threads)]
         bounds = np.linspace(0, n, threads + 1).astype(int)
-        self._shares = [(self._datas[t], range(bounds[t], bounds[t + 1])) for t in range(threads)]
+        self._shares = [(t, range(bounds[t], bounds[t + 1])) for t in range(threads)]
+        self._plan_writes()
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="mujoco")
         self._lib = _mujoco_library(mujoco)
         self._overflows = 0
@@ -406,45 +409,64 @@ class MuJoCoC(MuJoCo):
 
     # --- per-world parameters --------------------------------------------------------------
     def _per_world_fields(self) -> list:
-        """(MuJoCo Warp owner, C owner getter, name, values last copied): every MuJoCo Warp model
-        field held per world that the C model has under the same name."""
+        """(MuJoCo Warp owner, an opt field?, name): every MuJoCo Warp model field held per world
+        that the C model has under the same name."""
         n, found = self.sim.num_envs, []
         mw = self.solver.mjw_model
-        for owner, c_owner in ((mw, lambda model: model), (mw.opt, lambda model: model.opt)):
+        for owner, opt in ((mw, False), (mw.opt, True)):
             for field in dataclasses.fields(owner):
                 value = getattr(owner, field.name)
                 if not isinstance(value, wp.array) or value.shape[0] != n or field.name == "timestep":
                     continue  # (the timestep is the sim's: one world's timestep array has the shape of a field)
-                target = getattr(c_owner(self.mj_model), field.name, None)
-                rows = value.numpy().reshape(n, -1)
-                if target is None or np.size(target) != rows.shape[1]:
+                target = getattr(self.mj_model.opt if opt else self.mj_model, field.name, None)
+                if target is None or np.size(target) != value.numpy().reshape(n, -1).shape[1]:
                     continue  # MuJoCo Warp's own (impratio_invsqrt) or not a per-world field
-                found.append((owner, c_owner, field.name, rows.copy()))
+                found.append((owner, opt, field.name))
         return found
 
     def _copy_parameters(self, initial: bool = False) -> None:
-        """Each world's changed per-world fields into its MjModel (its own copy from then on). At
-        construction the shared model takes the values all worlds have (Newton's inertia axes,
-        joint ranges and plane sizes differ in form from the compiled model's, not in physics)."""
-        n, edited = self.sim.num_envs, set()
-        for owner, c_owner, name, copied in self._per_world:
+        """The per-world fields some world holds a value of its own for, as rows (:attr:`_rows`;
+        once per world, always per world). At construction the shared model takes world 0's
+        values (Newton's inertia axes, joint ranges and plane sizes differ in form from the
+        compiled model's, not in physics)."""
+        n = self.sim.num_envs
+        for owner, opt, name in self._per_world:
             rows = getattr(owner, name).numpy().reshape(n, -1)  # Newton may have replaced the array
             if initial:
-                _assign(c_owner(self.mj_model), name, rows[0])
-                changed = np.flatnonzero((rows != rows[0]).any(axis=1))
-            else:
-                changed = np.flatnonzero((rows != copied).any(axis=1))
-            for world in changed:
-                if self.models[world] is self.mj_model:
-                    self.models[world] = copy.copy(self.mj_model)
-                    self._model_ptrs[world] = self.models[world]._address
-                _assign(c_owner(self.models[world]), name, rows[world])
-            copied[changed] = rows[changed]
-            edited.update(int(world) for world in changed)
-        if initial:
-            _inertial_frames_in_use(self.mj_model)
-        for world in edited:
-            _inertial_frames_in_use(self.models[world])
+                _assign(self.mj_model.opt if opt else self.mj_model, name, rows[0])
+            shared = getattr(self.mj_model.opt if opt else self.mj_model, name)
+            if (opt, name) in self._rows or (rows != np.reshape(shared, -1)).any():
+                self._rows[opt, name] = np.ascontiguousarray(rows, dtype=np.asarray(shared).dtype)
+        # The bodies whose inertial frame is their own in every world
+        m, nbody = self.mj_model, self.mj_model.nbody
+        ipos = self._rows.get((False, "body_ipos"), m.body_ipos.reshape(1, -1)).reshape(-1, nbody, 3)
+        iquat = self._rows.get((False, "body_iquat"), m.body_iquat.reshape(1, -1)).reshape(-1, nbody, 4)
+        self._same_frames = ((ipos == 0).all(axis=2) & (iquat == (1.0, 0.0, 0.0, 0.0)).all(axis=2)).all(axis=0)
+        for model in [m, *getattr(self, "_thread_models", [])]:
+            _inertial_frames_in_use(model, self._same_frames)
+
+    def _plan_writes(self) -> None:
+        """Per thread: (its model's field, as a flat numpy view, the rows) of every per-world
+        field, for :meth:`_step_worlds` to write a world's values before stepping it (a numpy
+        copy keeps the GIL, where a ctypes memmove would hand it over at every call)."""
+        self._writes = []
+        for model in self._thread_models:
+            writes = []
+            for (opt, name), rows in self._rows.items():
+                target = getattr(model.opt if opt else model, name)
+                if not isinstance(target, np.ndarray):
+                    raise NotImplementedError(f"sim.backend=c: the per-world scalar option {name} differs between "
+                                              "worlds; use sim.backend=warp for that randomization.")
+                writes.append((target.reshape(-1), rows))
+            self._writes.append(writes)
+
+    def world_model(self, world: int):
+        """A copy of the MjModel world ``world`` is stepped with (its per-world values written)."""
+        model = copy.copy(self.mj_model)
+        for (opt, name), rows in self._rows.items():
+            _assign(model.opt if opt else model, name, rows[world])
+        _inertial_frames_in_use(model, self._same_frames)
+        return model
 
     def mujoco_model(self):
         return copy.copy(self.mj_model)  # the shared model: nominal (its contact sensors only add sensor data)
@@ -452,6 +474,7 @@ class MuJoCoC(MuJoCo):
     def publish(self, changed: set[str]) -> None:
         super().publish(changed)  # MuJoCo Warp's per-world fields from Newton's
         self._copy_parameters()
+        self._plan_writes()
 
     # --- stepping ----------------------------------------------------------------------------
     def _push(self, state, control) -> None:
@@ -533,16 +556,19 @@ class MuJoCoC(MuJoCo):
             self._d[name][:] = self.states[:, self.columns[name]]
 
     def _step_worlds(self, share, steps: int) -> None:
-        """One thread's worlds, each ``steps`` physics steps from its row of :attr:`states`."""
-        data, worlds = share
+        """One thread's worlds, each ``steps`` physics steps from its row of :attr:`states`, with
+        its per-world parameters written into the thread's model first."""
+        thread, worlds = share
         set_state, get_state, mj_step, copy_bytes = self._lib
-        spec, model_ptrs = self._spec, self._model_ptrs
-        d = data._address
+        data, spec, writes = self._datas[thread], self._spec, self._writes[thread]
+        m, d = self._thread_models[thread]._address, data._address
         row, row_bytes = self.states.ctypes.data, self.states.strides[0]
         out, out_bytes = self.sensors.ctypes.data, self.sensors.strides[0]
         sensordata, nbytes = data.sensordata.ctypes.data, self.sensors.shape[1] * 8
         for world in worlds:
-            m, state = model_ptrs[world], row + world * row_bytes
+            for target, rows in writes:
+                target[:] = rows[world]
+            state = row + world * row_bytes
             set_state(m, d, state, spec)
             for _ in range(steps):
                 mj_step(m, d)
@@ -638,12 +664,12 @@ def _with_contact_sensors(mujoco, spec, template):
     return model
 
 
-def _inertial_frames_in_use(model) -> None:
+def _inertial_frames_in_use(model, same: np.ndarray) -> None:
     """MuJoCo's compiler marks a body whose centre of mass and principal axes coincide with its own
     frame (``body_sameframe``), and from then on ignores its ``body_ipos`` and ``body_iquat``.
     Newton's values (its principal axes, a randomized centre of mass) make them differ: such a
-    body's inertial frame is computed in full (mjSAMEFRAME_NONE)."""
-    same = (model.body_ipos == 0).all(axis=1) & (model.body_iquat == (1.0, 0.0, 0.0, 0.0)).all(axis=1)
+    body's inertial frame is computed in full (mjSAMEFRAME_NONE). ``same``: (nbody,) where they
+    coincide in every world."""
     model.body_sameframe[~same] = 0
 
 
