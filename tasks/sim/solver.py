@@ -439,8 +439,8 @@ class MuJoCoC(MuJoCo):
                 self._rows[opt, name] = np.ascontiguousarray(rows, dtype=np.asarray(shared).dtype)
         # The bodies whose inertial frame is their own in every world
         m, nbody = self.mj_model, self.mj_model.nbody
-        ipos = self._rows.get((False, "body_ipos"), m.body_ipos.reshape(1, -1)).reshape(-1, nbody, 3)
-        iquat = self._rows.get((False, "body_iquat"), m.body_iquat.reshape(1, -1)).reshape(-1, nbody, 4)
+        ipos = self._rows.get((False, "body_ipos"), np.reshape(m.body_ipos, (1, -1))).reshape(-1, nbody, 3)
+        iquat = self._rows.get((False, "body_iquat"), np.reshape(m.body_iquat, (1, -1))).reshape(-1, nbody, 4)
         self._same_frames = ((ipos == 0).all(axis=2) & (iquat == (1.0, 0.0, 0.0, 0.0)).all(axis=2)).all(axis=0)
         for model in [m, *getattr(self, "_thread_models", [])]:
             _inertial_frames_in_use(model, self._same_frames)
@@ -664,13 +664,14 @@ def _with_contact_sensors(mujoco, spec, template):
     return model
 
 
-def _inertial_frames_in_use(model, same: np.ndarray) -> None:
+def _inertial_frames_in_use(model, same: np.ndarray | None = None) -> None:
     """MuJoCo's compiler marks a body whose centre of mass and principal axes coincide with its own
     frame (``body_sameframe``), and from then on ignores its ``body_ipos`` and ``body_iquat``.
     Newton's values (its principal axes, a randomized centre of mass) make them differ: such a
     body's inertial frame is computed in full (mjSAMEFRAME_NONE). ``same``: (nbody,) where they
-    coincide in every world."""
-    model.body_sameframe[~same] = 0
+    coincide in every world (default: in ``model``)."""
+    own = (model.body_ipos == 0).all(axis=1) & (model.body_iquat == (1.0, 0.0, 0.0, 0.0)).all(axis=1)
+    model.body_sameframe[~(own if same is None else same)] = 0
 
 
 def _assign(owner, name: str, values: np.ndarray) -> None:
