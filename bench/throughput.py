@@ -21,18 +21,22 @@ turns, 10 steps at a time (so a busy machine slows them alike):
 - all on, per reset: the same with every physical parameter re-drawn at every episode start
   (the solver is told of new masses, gains and materials at nearly every step).
 
+The process's peak memory so far (resident set) is reported with each row: with num_envs in
+rising order, that of the largest env yet.
+
     python bench/throughput.py [--task quadruped_flat] [--num-envs 64 256 1024] [--steps 100]
-                               [--device cpu|cuda:0] [--no-randomization]
+                               [--device cpu|cuda:0] [--no-randomization] [Hydra overrides, e.g. robot=go2]
 """
 
 import argparse
+import resource
 import time
 
 from common import compose, make_env, print_table, torch, write_json
 
 
-def measure(num_envs: int, steps: int, device: str, task: str = "quadruped_flat") -> dict:
-    env = make_env(compose(f"task={task}", f"sim.num_envs={num_envs}", f"device={device}"))
+def measure(num_envs: int, steps: int, device: str, task: str = "quadruped_flat", overrides=()) -> dict:
+    env = make_env(compose(f"task={task}", f"sim.num_envs={num_envs}", f"device={device}", *overrides))
     actions = torch.randn(steps, num_envs, env.num_actions, generator=torch.Generator().manual_seed(0)).to(device)
     for i in range(5):  # warm up
         env.step(actions[i])
@@ -47,7 +51,7 @@ def measure(num_envs: int, steps: int, device: str, task: str = "quadruped_flat"
         torch.cuda.synchronize()
         physics_s = time.perf_counter() - t0
         captured = make_env(compose(f"task={task}", f"sim.num_envs={num_envs}", f"device={device}",
-                                    "sim.capture_step=true"))
+                                    "sim.capture_step=true", *overrides))
         for i in range(5):  # warm up: eager steps, then the capture
             captured.step(actions[i])
         captured_s = timed_steps(captured, actions, range(steps), device)
@@ -72,6 +76,7 @@ def measure(num_envs: int, steps: int, device: str, task: str = "quadruped_flat"
         "physics control-steps/s (x num_envs)": steps * num_envs / physics_s,
         "env-steps/s": steps * num_envs / env_s,
         "overhead ratio": env_s / physics_s,
+        "peak RSS [GB]": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,  # Linux: kB
     }
     if device.startswith("cuda"):
         row.update({"captured env-steps/s": steps * num_envs / captured_s, "captured ratio": captured_s / physics_s})
@@ -91,8 +96,9 @@ def timed_steps(env, actions: torch.Tensor, indices: range, device: str) -> floa
     return time.perf_counter() - t0
 
 
-def randomization_cost(num_envs: int, steps: int, device: str, task: str = "quadruped_flat", chunk: int = 10) -> dict:
-    base = (f"task={task}", f"sim.num_envs={num_envs}", f"device={device}")
+def randomization_cost(num_envs: int, steps: int, device: str, task: str = "quadruped_flat", chunk: int = 10,
+                       overrides=()) -> dict:
+    base = (f"task={task}", f"sim.num_envs={num_envs}", f"device={device}", *overrides)
     events = compose(*base).task.events
     physics = [n for n, e in events.items() if e.get("mode") == "startup"]
     every = [f"++task.events.{n}.enabled=true" for n in events]
@@ -129,16 +135,21 @@ def main():
     parser.add_argument("--task", default="quadruped_flat")
     parser.add_argument("--randomization", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure the cost of domain randomization")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the task's config (e.g. robot=go2)")
     args = parser.parse_args()
-    rows = [measure(n, args.steps, args.device, args.task) for n in args.num_envs]
+    rows = [measure(n, args.steps, args.device, args.task, args.overrides) for n in args.num_envs]
     print_table(rows)
     cost = None
     if args.randomization:
         print()
-        cost = [randomization_cost(n, args.steps, args.device, args.task) for n in args.num_envs]
+        cost = [randomization_cost(n, args.steps, args.device, args.task, overrides=args.overrides)
+                for n in args.num_envs]
         print_table(cost)
     name = "throughput" if args.task == "quadruped_flat" else f"throughput_{args.task}"
-    print(f"wrote {write_json(name, rows, task=args.task, steps=args.steps, device=args.device, randomization=cost)}")
+    name += "".join(f"_{o.split('=', 1)[1]}" for o in args.overrides if o.startswith("robot="))
+    path = write_json(name, rows, task=args.task, steps=args.steps, device=args.device, randomization=cost,
+                      overrides=args.overrides)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
