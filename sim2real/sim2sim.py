@@ -231,12 +231,11 @@ def runtime_notes(action, loop: dict) -> list[str]:
     from legion.sim2real.deploy.loop import SafetyConfig
 
     notes, ticks, rate = [], loop["ticks"], SafetyConfig().max_target_rate
-    if not getattr(action, "clamp_to_limits", True) and loop["limit_clamped"] > 0.1 * ticks:
+    if not action.clamp_to_limits and loop["limit_clamped"] > 0.1 * ticks:
         notes.append(f"the edge runtime clamped the targets to the joint limits in {loop['limit_clamped']} of {ticks} "
                      "ticks, and the policy trained unclamped: train (or fine-tune) with "
                      "task.action.clamp_to_limits=true, as the robot will act")
-    trained_rate = getattr(action, "max_target_rate", None)
-    if (trained_rate is None or trained_rate > rate) and loop["rate_clamped"] > 0.1 * ticks:
+    if (action.max_target_rate is None or action.max_target_rate > rate) and loop["rate_clamped"] > 0.1 * ticks:
         notes.append(f"the edge runtime held the targets' rate of change to {rate:g} rad/s (its safety clamp) in "
                      f"{loop['rate_clamped']} of {ticks} ticks, and the policy trained without that limit: train (or "
                      f"fine-tune) with task.action.max_target_rate={rate:g}")

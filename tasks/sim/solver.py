@@ -341,8 +341,8 @@ class MuJoCoC(MuJoCo):
     - Per-world parameters: each thread steps its worlds with one MjModel of its own. A field
       MuJoCo Warp holds per world (masses, inertias, friction, gains, gravity, ...) that
       randomization has given some world a value of its own is kept as one row per world, and
-      the thread writes a world's rows into its model before stepping that world (a memmove of
-      a few bytes each). A copy of the model per world would hold the whole model 1,024 times:
+      the thread writes a world's rows into its model before stepping that world (numpy copies
+      of a few bytes each). A copy of the model per world would hold the whole model 1,024 times:
       10 MB of rough terrain's height field each, 14 GB for the Go2 on rough terrain.
     - Contact forces: a MuJoCo contact sensor per body (``reduce="netforce"``: the net force
       of the body's contacts, world frame), copied out after each world's last physics step.
