@@ -4,14 +4,18 @@ does, keeps every world to itself, and takes per-world parameters; bad choices a
 Exact replay on the C backend: tests/test_trajectories.py records and replays on the default
 backend, which is ``c`` on a CPU."""
 
+import mujoco
+import numpy as np
 import pytest
 import torch
 from test_sim import QUAD, STAND_POSE
 from test_sim import stand as place_standing
 
+from conftest import make_env
 from legion.configs.schema import Robot, Scene
+from legion.sim2real.deploy.mujoco_robot import pd_torque
 from legion.tasks.sim import NewtonSim
-from legion.tasks.sim.solver import SOLVERS, adapter
+from legion.tasks.sim.solver import SOLVERS, MuJoCoC, adapter
 
 MASS = 22.472  # kg, tasks/assets/quadruped.xml
 
@@ -105,6 +109,53 @@ def test_per_world_parameters_reach_the_c_model():
     assert solver.world_model(1).body_mass[1] == pytest.approx(solver.mj_model.body_mass[1] + 5.0)
     assert solver.world_model(2).opt.gravity[2] == pytest.approx(-1.62)
     assert solver.world_model(0).body_mass[1] == solver.mj_model.body_mass[1]
+
+
+def test_the_c_backend_steps_dc_motors_as_newton_does(monkeypatch):
+    """The Go2's DC motors are actuators of the C backend's model, so a control step stays in C.
+    Their torque is Newton's ClampingDCMotor law exactly, per world's gains (world 1's kp, kd and
+    effort limit changed), at states up to three times the motors' speed at zero torque; and random
+    targets move the robot as NewtonSim's own newton.actuators do on the same backend."""
+    go2 = ("task=quadruped_flat", "robot=go2", "sim.num_envs=4", "task.events.push.enabled=false")
+    env = make_env(*go2)
+    sim, solver = env.sim, env.sim.solver
+    assert solver.steps_motors and sim.motors is None
+    assert solver.mj_model.opt.integrator == mujoco.mjtIntegrator.mjINT_EULER  # the motors explicit, as Newton's
+    robot = sim.robot
+    for name, scale in (("joint_stiffness", 1.3), ("joint_damping", 2.0), ("joint_effort_limit", 0.7)):
+        getattr(robot, name)[1] *= scale
+    sim.params_changed("joint_stiffness", "joint_damping", "joint_effort_limit")
+    sim.step()  # hands them to the solver
+    cfgs = sim.motor_cfgs
+    sat = np.array([cfgs[i].saturation_effort for i in cfgs])
+    v_lim = np.array([cfgs[i].velocity_limit for i in cfgs])
+    rng = np.random.default_rng(0)
+    for world in (0, 1):
+        model = solver.world_model(world)
+        data = mujoco.MjData(model)
+        gains = [getattr(robot, name)[world].double().numpy()
+                 for name in ("joint_stiffness", "joint_damping", "joint_effort_limit")]
+        qpos, qvel = model.jnt_qposadr[1:], model.jnt_dofadr[1:]  # the 12 leg joints, after the free base
+        for _ in range(200):
+            q, qd, target = rng.uniform(-2, 2, 12), rng.uniform(-3, 3, 12) * v_lim, rng.uniform(-2, 2, 12)
+            data.qpos[qpos], data.qvel[qvel], data.ctrl[:12] = q, qd, target
+            mujoco.mj_forward(model, data)
+            expected = pd_torque(target, q, qd, *gains, saturation=sat, velocity_limit=v_lim)
+            assert np.abs(data.qfrc_actuator[qvel] - expected).max() < 1e-9
+            assert np.abs(data.sensordata[-12:] - expected).max() < 1e-9  # what sim.motor_torque reads
+
+    actions = 0.5 * torch.randn(3, 4, 12, generator=torch.Generator().manual_seed(0))
+    envs = {"c": make_env(*go2)}
+    monkeypatch.setattr(MuJoCoC, "_motors", lambda self, sim, template: [])  # the motors left to NewtonSim
+    envs["newton"] = make_env(*go2)
+    assert not envs["newton"].sim.solver.steps_motors and envs["newton"].sim.motors is not None
+    for action in actions:
+        for e in envs.values():
+            e.step(action)
+        c, newton = (e.sim for e in envs.values())
+        assert torch.allclose(c.robot.joint_pos, newton.robot.joint_pos, atol=2e-4)  # float32 Newton vs float64 C
+        assert torch.allclose(c.motor_torque, newton.motor_torque, atol=0.02)
+    assert c.motor_torque.abs().max() > 5.0  # they really pushed
 
 
 def test_async_training_leaves_a_core_to_the_learner():

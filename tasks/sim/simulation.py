@@ -99,10 +99,13 @@ class NewtonSim:
 
         world, layout = self._build_model(scene, solver_adapter, contact_gap)
         self._make_views(world)
-        self.solver = solver_adapter(self, dict(solver_options or {}))  # after the views: it reads shapes_per_world
-        self.solver_limits = wp.to_torch(self.solver.limits)  # overwritten by every step
         self._make_entities(world, layout, scene.robot.file)
-        self._make_motors(scene.robot)
+        self.motor_cfgs = {i: a for i, a in enumerate(joint_actuators(scene.robot, self.robot.joint_names))
+                           if a is not None and a.model == "dc_motor"}  # robot joint index -> its dc_motor
+        # After the views (it reads shapes_per_world) and the motors (the C backend may step them itself)
+        self.solver = solver_adapter(self, dict(solver_options or {}))
+        self.solver_limits = wp.to_torch(self.solver.limits)  # overwritten by every step
+        self._make_motors()
         self._make_reset_masks()
         self.graph = self._capture() if use_graph and solver_adapter.capturable else None
 
@@ -202,17 +205,17 @@ class NewtonSim:
             self.scene[name] = entity
         self.robot: Articulation = self.scene["robot"]
 
-    def _make_motors(self, robot_cfg: Robot) -> None:
+    def _make_motors(self) -> None:
         """The robot's ``dc_motor`` joints as one Newton actuator (``newton.actuators``): a PD law
         evaluated before every physics step, clipped by each motor's torque-speed line, added to
         the env's feed-forward efforts. Its gains and effort limit are the robot's per-env
-        ``joint_stiffness``, ``joint_damping`` and ``joint_effort_limit`` (events scale them)."""
-        motor_cfgs = {i: a for i, a in enumerate(joint_actuators(robot_cfg, self.robot.joint_names))
-                      if a is not None and a.model == "dc_motor"}
+        ``joint_stiffness``, ``joint_damping`` and ``joint_effort_limit`` (events scale them).
+        None where the solver steps the same motors itself (``solver.steps_motors``: the C backend)."""
+        motor_cfgs = self.motor_cfgs
         ids = list(motor_cfgs)
         self.motors, self._motor_states = None, None
         self.motor_joint_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        if not ids:
+        if not ids or self.solver.steps_motors:
             return
         from newton.actuators import Actuator, ClampingDCMotor, Delay, DrivePD
 
@@ -258,6 +261,8 @@ class NewtonSim:
     def motor_torque(self) -> torch.Tensor:
         """(num_envs, len(motor_joint_ids)) [N m or N]: the torque the dc_motor joints' motors
         applied in the last physics step (their PD law after the torque-speed clip)."""
+        if self.solver.steps_motors:
+            return self.solver.motor_torque
         ids = self.robot.joint_dofs.start + self.motor_joint_ids
         return (wp.to_torch(self._motor_f) - wp.to_torch(self._feedforward)).view(self.num_envs, -1)[:, ids]
 

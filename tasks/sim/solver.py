@@ -149,6 +149,7 @@ class MuJoCo:
     senses_contacts = True
     backend = "warp"
     capturable = True  # its step is Warp kernels only: NewtonSim records it as one graph
+    steps_motors = False  # the robot's dc_motor joints are NewtonSim's (newton.actuators), not the solver's
 
     @staticmethod
     def prepare_builder(builder) -> None:
@@ -275,6 +276,7 @@ class XPBD:
     senses_contacts = False
     backend = "warp"
     capturable = True
+    steps_motors = False
 
     @staticmethod
     def prepare_builder(builder) -> None:
@@ -344,6 +346,17 @@ class MuJoCoC(MuJoCo):
       the thread writes a world's rows into its model before stepping that world (numpy copies
       of a few bytes each). A copy of the model per world would hold the whole model 1,024 times:
       10 MB of rough terrain's height field each, 14 GB for the Go2 on rough terrain.
+    - DC motors (``steps_motors``): a robot's ``dc_motor`` joints are MuJoCo actuators of its
+      model, so a control step stays in C from its first physics step to its last (NewtonSim's
+      newton.actuators would need the worlds back in Python before each physics step). Newton's
+      law, ``clip(kp (q* - q) - kd qd, sat (-1 - qd / v_lim), sat (1 - qd / v_lim))`` within the
+      effort limit, is two affine actuators per joint: ``clip(kp (q* - q) + (s - kd) qd, -sat,
+      sat)`` (its force range) and ``-s qd``, with ``s = sat / v_lim``; their sum, clipped to the
+      joint's actuator force range (the effort limit), is that law exactly (to 1e-14 over states
+      past the corner speed, tests/test_backends.py). The model then integrates with Euler: the
+      motors' forces explicit, as Newton's, where implicitfast would take their damping
+      implicitly. Only where Newton gave MuJoCo no actuators of its own (every actuated joint a
+      dc_motor) and the motors have no delay; otherwise NewtonSim steps them.
     - Contact forces: a MuJoCo contact sensor per body (``reduce="netforce"``: the net force
       of the body's contacts, world frame), copied out after each world's last physics step.
     - Solver limits: MuJoCo's C library grows its arena rather than dropping contacts and keeps
@@ -361,8 +374,12 @@ class MuJoCoC(MuJoCo):
             super().__init__(sim, options)
         template = self.solver.mj_model
         spec = next(spec for spec, model in compiled if model is template)
-        self.mj_model = m = _with_contact_sensors(mujoco, spec, template)
+        motors = self._motors(sim, template)
+        self.steps_motors = bool(motors)
+        self.mj_model = m = _compiled_for_c(mujoco, spec, template, motors)
         m.opt.timestep = sim.dt
+        if self.steps_motors:
+            m.opt.integrator = int(mujoco.mjtIntegrator.mjINT_EULER)  # the motors explicit, as Newton's
         # A world whose physics diverges keeps its NaN, as on MuJoCo Warp, for the env to see and
         # reset it; MuJoCo would silently put it back at the model's reference pose (qpos0).
         m.opt.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_AUTORESET)
@@ -386,6 +403,10 @@ class MuJoCoC(MuJoCo):
         mujoco.mj_getState(m, data, self.states[0], self._spec)  # the model's reference state
         self.states[:] = self.states[0]
         self.sensors = np.zeros((n, m.nsensordata))
+        contacts = 3 * (m.nbody - 1)  # a contact sensor per body, then a torque sensor per motor
+        self._contact_readings = self.sensors[:, :contacts]
+        self._motor_readings = torch.from_numpy(self.sensors[:, contacts:])
+        self._targets = sim.control.joint_target_q.numpy().reshape(n, -1)  # the motors' ctrl
         d = self.solver.mjw_data
         # MuJoCo Warp's data on the CPU: numpy views of its (num_envs, ...) arrays, no copies.
         self._d = {name: getattr(d, name).numpy().reshape(n, -1)
@@ -405,7 +426,45 @@ class MuJoCoC(MuJoCo):
         # The sensors' bodies -> Newton body slots of a world
         assert self.solver.mjc_body_to_newton is not None
         mjc_body_to_newton = self.solver.mjc_body_to_newton.numpy()[0]  # pyright: ignore[reportAttributeAccessIssue]
-        self._sensor_slot = mjc_body_to_newton[m.sensor_objid].astype(np.int64)
+        self._sensor_slot = mjc_body_to_newton[m.sensor_objid[: m.nbody - 1]].astype(np.int64)
+
+    @property
+    def motor_torque(self) -> torch.Tensor:
+        """(num_envs, motors) [N m]: each motor's torque in the last physics step (NewtonSim.motor_torque)."""
+        return self._motor_readings.float()  # float32, as the sim's other tensors
+
+    def _motors(self, sim, template) -> list[tuple[str, float]]:
+        """(MuJoCo joint, saturation effort) of the robot's dc_motor joints, in their order, where
+        this backend can step the motors in C (see the class docstring), else []; keeps their
+        columns and torque-speed slopes."""
+        import mujoco
+
+        cfgs = sim.motor_cfgs
+        integrators = (int(mujoco.mjtIntegrator.mjINT_EULER), int(mujoco.mjtIntegrator.mjINT_IMPLICITFAST))
+        if not cfgs or template.nu or any(c.delay for c in cfgs.values()) or template.opt.integrator not in integrators:
+            return []
+        ids = list(cfgs)
+        self._motor_dofs = [sim.robot.joint_dofs.start + i for i in ids]  # columns of the sim's (num_envs, dofs)
+        self._motor_coords = [sim.robot.joint_coords.start + i for i in ids]  # of its joint targets
+        self._motor_slope = np.array([cfgs[i].saturation_effort / cfgs[i].velocity_limit for i in ids])
+        assert self.solver.mjc_jnt_to_newton_dof is not None  # built by SolverMuJoCo by now
+        dof_of_joint = list(self.solver.mjc_jnt_to_newton_dof.numpy()[0])  # pyright: ignore[reportAttributeAccessIssue]
+        joint = mujoco.mjtObj.mjOBJ_JOINT
+        return [(mujoco.mj_id2name(template, joint, dof_of_joint.index(d)), cfgs[i].saturation_effort)
+                for i, d in zip(ids, self._motor_dofs)]
+
+    def _motor_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per world, the motors' ``actuator_gainprm`` and ``actuator_biasprm`` from the robot's per-env
+        gains (the two actuators per motor of the class docstring: the PD's first, the slope's after)."""
+        import mujoco
+
+        n, k = self.sim.num_envs, len(self._motor_dofs)
+        kp = self.sim.joint_stiffness[:, self._motor_dofs].double().numpy()
+        kd = self.sim.joint_damping[:, self._motor_dofs].double().numpy()
+        gain, bias = np.zeros((n, 2 * k, mujoco.mjNGAIN)), np.zeros((n, 2 * k, mujoco.mjNBIAS))
+        gain[:, :k, 0] = kp
+        bias[:, :k, 1], bias[:, :k, 2], bias[:, k:, 2] = -kp, self._motor_slope - kd, -self._motor_slope
+        return gain.reshape(n, -1), bias.reshape(n, -1)
 
     # --- per-world parameters --------------------------------------------------------------
     def _per_world_fields(self) -> list:
@@ -437,6 +496,11 @@ class MuJoCoC(MuJoCo):
             shared = getattr(self.mj_model.opt if opt else self.mj_model, name)
             if (opt, name) in self._rows or (rows != np.reshape(shared, -1)).any():
                 self._rows[opt, name] = np.ascontiguousarray(rows, dtype=np.asarray(shared).dtype)
+        if self.steps_motors:  # always per world: their gains come from the sim's per-env views, not MuJoCo Warp's
+            self._rows[False, "actuator_gainprm"], self._rows[False, "actuator_biasprm"] = self._motor_rows()
+            if initial:
+                for name in ("actuator_gainprm", "actuator_biasprm"):
+                    _assign(self.mj_model, name, self._rows[False, name][0])
         # The bodies whose inertial frame is their own in every world
         m, nbody = self.mj_model, self.mj_model.nbody
         ipos = self._rows.get((False, "body_ipos"), np.reshape(m.body_ipos, (1, -1))).reshape(-1, nbody, 3)
@@ -469,6 +533,8 @@ class MuJoCoC(MuJoCo):
         return model
 
     def mujoco_model(self):
+        if self.steps_motors:  # plain MuJoCo drives a dc_motor itself (pd_torque), with no actuator of the model
+            return super().mujoco_model()
         return copy.copy(self.mj_model)  # the shared model: nominal (its contact sensors only add sensor data)
 
     def publish(self, changed: set[str]) -> None:
@@ -525,7 +591,12 @@ class MuJoCoC(MuJoCo):
         if before_each_step is not None:
             before_each_step()
         wp.capture_launch(graphs["push"])
-        self._to_rows("qpos", "qvel", "act", "ctrl", "qfrc_applied", "xfrc_applied")
+        self._to_rows("qpos", "qvel", "act", "qfrc_applied", "xfrc_applied")
+        if self.steps_motors:  # the PD actuators' ctrl: the joint targets (the slopes' have a gain of 0)
+            ctrl = self.columns["ctrl"].start
+            self.states[:, ctrl: ctrl + len(self._motor_coords)] = self._targets[:, self._motor_coords]
+        else:
+            self._to_rows("ctrl")
         if before_each_step is None:
             self._run(steps)
         else:
@@ -596,7 +667,7 @@ class MuJoCoC(MuJoCo):
         forces = out.numpy().reshape(self.sim.num_envs, -1, 3)
         forces[:] = 0.0
         # The sensor reports the force its body exerts on the others: the body feels the opposite.
-        forces[:, self._sensor_slot] = -self.sensors.reshape(self.sim.num_envs, -1, 3)
+        forces[:, self._sensor_slot] = -self._contact_readings.reshape(self.sim.num_envs, -1, 3)
 
 
 def _mujoco_library(mujoco) -> tuple:
@@ -640,13 +711,23 @@ def _compiled_specs(mujoco):
         mujoco.MjSpec.compile = compile_
 
 
-def _with_contact_sensors(mujoco, spec, template):
+def _compiled_for_c(mujoco, spec, template, motors=()):
     """``spec`` compiled again with a contact sensor on every body (net force of the body's
-    contacts, world frame), then given every field of ``template`` (what SolverMuJoCo set after
-    compiling) except the sensors'."""
+    contacts, world frame) and the DC motors of ``motors``, (joint, saturation effort) pairs
+    (:class:`MuJoCoC`: two affine actuators each, the PD's clipped to the saturation, their gains
+    written per world later, and a sensor of the joint's actuator torque), then given every field
+    of ``template`` (what SolverMuJoCo set after compiling) except the sensors' and the motors'."""
     for body in spec.bodies[1:]:  # [0] is the world
         spec.add_sensor(type=mujoco.mjtSensor.mjSENS_CONTACT, objtype=mujoco.mjtObj.mjOBJ_BODY, objname=body.name,
                         intprm=[2, 3, 1])  # data="force", reduce="netforce", num=1
+    affine = {"trntype": mujoco.mjtTrn.mjTRN_JOINT, "gaintype": mujoco.mjtGain.mjGAIN_FIXED,
+              "biastype": mujoco.mjtBias.mjBIAS_AFFINE}
+    for joint, sat in motors:
+        spec.add_actuator(name=f"{joint}_motor", target=joint, forcelimited=True, forcerange=[-sat, sat], **affine)
+    for joint, _ in motors:
+        spec.add_actuator(name=f"{joint}_motor_slope", target=joint, **affine)
+    for joint, _ in motors:
+        spec.add_sensor(type=mujoco.mjtSensor.mjSENS_JOINTACTFRC, objtype=mujoco.mjtObj.mjOBJ_JOINT, objname=joint)
     model = spec.compile()
     for name in dir(template):
         if name.startswith(("_", "sensor", "name")):
