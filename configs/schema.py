@@ -38,10 +38,11 @@ class Actuator:
 
     ``implicit``: a PD servo inside the solver, ``kp (q* - q) - kd q'`` clipped to the effort
     limit, integrated implicitly (stable at any gain). ``dc_motor``: the same PD law evaluated
-    explicitly at every physics step (Newton's ``newton.actuators``), clipped by a DC motor's
-    torque-speed line: ``saturation_effort`` at stall, falling to zero at ``velocity_limit``,
-    never above ``effort_limit`` (Isaac Lab's DCMotor). Values left None keep the model file's.
-    The randomization events scale these values per env.
+    explicitly at every physics step (Newton's ``newton.actuators``; on the C backend the same
+    law as MuJoCo actuators, tasks/sim/solver.py), clipped by a DC motor's torque-speed line:
+    ``saturation_effort`` at stall, falling to zero at ``velocity_limit``, never above
+    ``effort_limit`` (Isaac Lab's DCMotor). Values left None keep the model file's. The
+    randomization events scale these values per env.
     """
 
     joints: Any = ".*"  # regex (or list of regexes) over the robot's actuated joint names
