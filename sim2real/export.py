@@ -134,7 +134,7 @@ def build_metadata(loaded: LoadedRun, actor) -> dict:
         term, chain = env.action, env.action.chain
         action["task_space"] = {
             "body": chain.body, "body_id": robot.body_names.index(chain.body), "mode": term.mode,
-            "scale": float(term.scale), "rotation_scale": term.rotation_scale, "damping": term.damping,
+            "rotation_scale": term.rotation_scale, "damping": term.damping,  # (its position scale: action.scale)
             "max_error": term.max_error, "gripper_joint_ids": term.gripper_ids.tolist(),
             "chain": {"joint_ids": chain.joint_ids, "revolute": chain.revolute, "axes": floats(chain.axes),
                       "parent_frames": floats(chain.parent_frames), "inv_child_frames": floats(chain.inv_child_frames),

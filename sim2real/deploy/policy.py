@@ -257,10 +257,11 @@ class TaskSpaceTargets:
     sign of the last action component. (Training solves the 6x6 system by unrolled conjugate
     gradients, which ONNX and CUDA graphs take; here it is solved directly: the same step to ~1e-6.)"""
 
-    def __init__(self, kinematics: Kinematics, spec: dict, joint_limits: np.ndarray, default_joint_pos: np.ndarray):
+    def __init__(self, kinematics: Kinematics, action: dict, joint_limits: np.ndarray, default_joint_pos: np.ndarray):
         self.kinematics = kinematics  # the observation's (ObservationTerms.kinematics): one evaluation per tick
+        spec = action["task_space"]  # ``action``: the metadata's
         self.mode: str = spec["mode"]
-        self.scale, self.rotation_scale = float(spec["scale"]), float(spec["rotation_scale"])
+        self.scale, self.rotation_scale = float(action["scale"]), float(spec["rotation_scale"])
         self.damping, self.max_error = float(spec["damping"]), float(spec["max_error"])
         self.arm_limits = joint_limits[self.kinematics.columns]
         self.gripper_limits = joint_limits[spec["gripper_joint_ids"]]
@@ -576,7 +577,7 @@ class PolicyRunner:
         self.terms = ObservationTerms(meta, path)
         self.state_keys = self.terms.state_keys
         self.task_space = None if self.terms.kinematics is None else TaskSpaceTargets(
-            self.terms.kinematics, action["task_space"], np.asarray(meta["joint_limits"], np.float64),
+            self.terms.kinematics, action, np.asarray(meta["joint_limits"], np.float64),
             np.asarray(meta["default_joint_pos"], np.float64))
         self.reset()
 
