@@ -153,6 +153,9 @@ def build_metadata(loaded: LoadedRun, actor) -> dict:
         "joint_names": list(robot.joint_names),
         "default_joint_pos": floats(robot.default_joint_pos[0]),
         "default_root_height": task.scene.robot.root_height,
+        # The base's centre of mass in its frame: the base velocity training observed is its velocity
+        # (sim2real/deploy/policy.py com_velocity), a state estimator's is the frame origin's.
+        "base_com": floats(nominal["body_com"][0, 0]) if robot.floating_base else [0.0, 0.0, 0.0],
         "action": action,
         "joint_stiffness": floats(nominal["joint_stiffness"][0]),
         "joint_damping": floats(nominal["joint_damping"][0]),

@@ -192,6 +192,7 @@ def run_mujoco(model, onnx_path: Path, commands: np.ndarray, steps: int, realtim
     ``perturbation``: a robustness condition (default: nominal)."""
     from legion.sim2real.deploy import ControlLoop, PolicyRunner
     from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
+    from legion.sim2real.deploy.policy import com_velocity
 
     runner = PolicyRunner(onnx_path)
     meta = runner.metadata
@@ -207,7 +208,7 @@ def run_mujoco(model, onnx_path: Path, commands: np.ndarray, steps: int, realtim
         for t in range(steps):
             loop.step(command)
             state = plain.read_state()  # the truth, for the metrics
-            lin.append(state["base_lin_vel"])
+            lin.append(com_velocity(state, runner.terms.base_com))  # what Newton's column tracks
             ang.append(state["base_ang_vel"])
             if loop.stopped or falls(state):
                 fell_at = t

@@ -37,7 +37,7 @@ def robot_state(env, i: int) -> dict:
     return {
         "joint_pos": robot.joint_pos[i].numpy().copy(), "joint_vel": robot.joint_vel[i].numpy().copy(),
         "base_quat": robot.root_quat_w[i].numpy().copy(), "base_pos": robot.root_pos_w[i].numpy().copy(),
-        "base_lin_vel": robot.root_lin_vel_b[i].numpy(), "base_ang_vel": robot.root_ang_vel_b[i].numpy(),
+        "base_lin_vel": robot.root_link_lin_vel_b[i].numpy(), "base_ang_vel": robot.root_ang_vel_b[i].numpy(),
         "timestamp": 0.0,
     }
 

@@ -14,8 +14,10 @@ A robot state is a dict of numpy arrays, in SI units and the joint order of
 
 - ``joint_pos`` (J,) [rad], ``joint_vel`` (J,) [rad/s]
 - ``base_quat`` (4,) base orientation in the world frame, (x, y, z, w), a unit quaternion
-- ``base_lin_vel`` (3,) [m/s] and ``base_ang_vel`` (3,) [rad/s], in the BASE frame (what an
-  IMU and a state estimator report)
+- ``base_lin_vel`` (3,) [m/s] of the base frame's origin and ``base_ang_vel`` (3,) [rad/s], in the
+  BASE frame (what an IMU and a state estimator report). Training observes and tracks the base's
+  centre of mass, ``metadata["base_com"]`` [m] from that origin (7.6 cm below a G1's pelvis):
+  the observation adds ``base_ang_vel x base_com`` (:func:`com_velocity`)
 - ``base_pos`` (3,) [m]: x, y in the world (odometry) frame, z the base's height above the
   ground under it (the world z on flat ground); only if a policy term needs the base height
 - ``object_pos`` (3,) [m]: a manipulated object's position in the robot's BASE frame (what a
@@ -135,7 +137,8 @@ def _height_scan(params: dict):
 # from what the robot measures; object_position and height_scan are the robot's perception's named
 # inputs (``object_pos``, ``height_scan``), taken as they are. A term missing here is refused at load.
 OBSERVATION_TERMS: dict[str, EdgeTerm] = {
-    "base_lin_vel": EdgeTerm(("base_lin_vel",), lambda state, command, last_action, terms: state["base_lin_vel"]),
+    "base_lin_vel": EdgeTerm(("base_lin_vel", "base_ang_vel"), lambda state, command, last_action, terms:
+                             com_velocity(state, terms.base_com)),
     "base_ang_vel": EdgeTerm(("base_ang_vel",), lambda state, command, last_action, terms: state["base_ang_vel"]),
     "projected_gravity": EdgeTerm(("base_quat",), _projected_gravity),
     "base_height": EdgeTerm(("base_pos",), lambda state, command, last_action, terms:
@@ -159,6 +162,14 @@ OBSERVATION_TERMS: dict[str, EdgeTerm] = {
 # The length of each robot-state field the terms read ("J": one value per joint).
 STATE_LENGTHS = {"joint_pos": "J", "joint_vel": "J", "base_quat": 4, "base_lin_vel": 3, "base_ang_vel": 3,
                  "base_pos": 3, "object_pos": 3, "height_scan": "P"}  # J: one per joint, P: one per height-scan point
+
+
+def com_velocity(state: dict, base_com: np.ndarray) -> np.ndarray:
+    """(3,) [m/s] the velocity of the base's centre of mass, ``base_com`` [m] from the base frame's
+    origin, in the base frame: what training calls the base's linear velocity (Newton's free joint
+    carries its body's centre-of-mass velocity), from the state's origin velocity: v + w x c."""
+    lin_vel, ang_vel = np.asarray(state["base_lin_vel"], np.float32), np.asarray(state["base_ang_vel"], np.float32)
+    return lin_vel + np.cross(ang_vel, base_com).astype(np.float32)
 
 
 def sha256_file(path: str | Path) -> str:
@@ -434,6 +445,8 @@ class ObservationTerms:
     def __init__(self, metadata: dict, where: str | Path = "policy.json"):
         self.joint_names: list[str] = metadata["joint_names"]
         self.default_joint_pos = np.asarray(metadata["default_joint_pos"], np.float32)
+        # Absent before metadata carried it: those policies took the origin's velocity as it came.
+        self.base_com = np.asarray(metadata.get("base_com", (0.0, 0.0, 0.0)), np.float32)
         # q and -q are one orientation; training observed the one in this quaternion's hemisphere.
         reference = (metadata.get("command") or {}).get("quat_reference")
         self.quat_reference = None if reference is None else np.asarray(reference, np.float32)

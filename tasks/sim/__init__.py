@@ -23,7 +23,9 @@ frame. Quaternions are (x, y, z, w).
   ``root_quat_w`` (num_envs, 4), ``root_lin_vel_w`` / ``root_ang_vel_w`` (num_envs, 3) [m/s, rad/s]
   (linear velocity of the root body's centre of mass), ``root_pose_w`` (7) and ``root_vel_w`` (6)
   covering both; ``root_lin_vel_b``, ``root_ang_vel_b`` and ``projected_gravity_b`` (unit gravity)
-  computed in the root frame; ``root_wrench_w`` (num_envs, 6) [N, N m] an external force and torque.
+  computed in the root frame, and ``root_link_lin_vel_b``, the velocity of the root frame's origin
+  (a state estimator's; the edge runtime's ``base_lin_vel``); ``root_wrench_w`` (num_envs, 6)
+  [N, N m] an external force and torque.
   ``None`` for a fixed base.
 - Bodies: ``body_pos_w`` (num_envs, num_bodies, 3) [m], ``body_quat_w`` (num_envs, num_bodies, 4),
   ``body_lin_vel_w`` / ``body_ang_vel_w`` (num_envs, num_bodies, 3) [m/s, rad/s] (linear velocity

@@ -330,9 +330,18 @@ class _Body(Entity):
 
     @property
     def root_lin_vel_b(self) -> torch.Tensor:
-        """(num_envs, 3) [m/s] root linear velocity in the root's own frame."""
+        """(num_envs, 3) [m/s] linear velocity of the root's centre of mass (Newton's free-joint
+        convention) in the root's own frame: what ``base_lin_vel`` observes and velocity commands track."""
         quat, lin_vel, _ = self._root()
         return quat_rotate_inverse(quat, lin_vel)
+
+    @property
+    def root_link_lin_vel_b(self) -> torch.Tensor:
+        """(num_envs, 3) [m/s] linear velocity of the root frame's origin in that frame (what a state
+        estimator reports; :attr:`root_lin_vel_b` is the root's centre of mass's, Newton's convention)."""
+        quat, lin_vel, ang_vel = self._root()
+        return quat_rotate_inverse(quat, lin_vel) - torch.linalg.cross(quat_rotate_inverse(quat, ang_vel),
+                                                                      self.body_com[:, 0])
 
     @property
     def root_ang_vel_b(self) -> torch.Tensor:
