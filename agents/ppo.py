@@ -81,6 +81,10 @@ def build_ppo(env: VecEnv, cfg: Agent, device: str, storage: RolloutStorage | No
     symmetry = cfg.symmetry
     symmetry_cfg = None
     if symmetry.augmentation or symmetry.mirror_loss:  # the env's mirror maps (legion.tasks.symmetry)
+        if actor.is_recurrent or critic.is_recurrent:  # rsl-rl's own message names augmentation only
+            raise ValueError("agent.symmetry (augmentation or mirror_loss) needs a feed-forward actor and critic: "
+                             "rsl-rl's symmetry extension takes no recurrent policy. Drop agent.actor.rnn / "
+                             "agent.critic.rnn, or agent.symmetry.")
         symmetry_cfg = {"env": env, "data_augmentation_func": env.mirror.augment,  # pyright: ignore[reportAttributeAccessIssue]
                         "use_data_augmentation": symmetry.augmentation, "use_mirror_loss": symmetry.mirror_loss,
                         "mirror_loss_coeff": symmetry.mirror_loss_coeff}

@@ -92,6 +92,8 @@ def test_an_lstm_policy_learns_cartpole_with_async_ppo():
     (("agent.mode=async", "agent.max_policy_lag=1", "agent.critic.rnn.type=gru"),
      "agent.critic.rnn.type=gru needs agent.max_policy_lag=0 or agent.mode=sync"),
     (("agent.actor.rnn.type=rnn",), r"agent.actor.rnn.type='rnn': expected lstm, gru or null"),
+    (("agent.actor.rnn.type=gru", "agent.symmetry.mirror_loss=true"),
+     r"agent.symmetry \(augmentation or mirror_loss\) needs a feed-forward actor and critic"),
 ])
 def test_recurrent_configs_that_cannot_work_are_refused_by_name(overrides, message):
     with pytest.raises(ValueError, match=message):
