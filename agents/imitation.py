@@ -98,6 +98,8 @@ class ImitationRunner(Runner):
             loss = torch.nn.functional.mse_loss(predicted, self.labels[batch])
             self.optimizer.zero_grad()
             loss.backward()
+            # As PPO's max_grad_norm: one absurd sample (a diverging world's) cannot throw the weights away.
+            torch.nn.utils.clip_grad_norm_(actor.parameters(), 1.0)
             self.optimizer.step()
             total += loss.detach()  # summed on the device: one read per iteration, not one per step
         return total.item() / self.imitation.updates_per_iteration

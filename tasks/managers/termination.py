@@ -3,8 +3,9 @@
 ``task.terminations`` names the terms (schema: :class:`legion.configs.schema.TerminationTerm`;
 functions in :mod:`legion.tasks.mdp.terminations`), each (num_envs,) bool. A term marked
 ``time_out`` cuts the episode (PPO bootstraps its value) as the episode length limit does;
-any other ends it as a failure. A world whose physics went non-finite is always ended
-(``Episode_Termination/nonfinite``), its state zeroed before anything reads it.
+any other ends it as a failure. A world whose physics diverged (non-finite, or a joint or the
+base faster than :data:`DIVERGED_SPEED`) is always ended (``Episode_Termination/nonfinite``),
+its state zeroed before anything reads it.
 
 Also here: :class:`SuccessTracker`, the task's success (``task.success``): a condition of the
 same kind as a termination's, which is counted per episode and never ends one.
@@ -17,6 +18,12 @@ import math
 import torch
 
 from legion.tasks import mdp
+
+# [rad/s or m/s] No robot's joint or base moves this fast (160 revolutions per second); a world
+# whose MuJoCo step diverged passes it on its way to MuJoCo's own bound (1e10) and to NaN, and its
+# finite but absurd state would reach rewards and observations (a DAgger student's loss went from
+# 0.4 to 1.6e5, then NaN). Random actions at full scale spin a Go2's joints to ~150 rad/s.
+DIVERGED_SPEED = 1.0e3
 
 
 class TerminationManager:
@@ -36,8 +43,10 @@ class TerminationManager:
         env, sim = self.env, self.env.sim
         time_outs = env.episode_length_buf >= env.max_episode_length
         terminated = torch.zeros_like(time_outs)
-        # A world whose physics went non-finite is ended and counted, never propagated.
-        nonfinite = ~torch.isfinite(sim.joint_q).all(1) | ~torch.isfinite(sim.joint_qd).all(1)
+        # A world whose physics diverged is ended and counted, never propagated.
+        nonfinite = (~torch.isfinite(sim.joint_q).all(1) | ~torch.isfinite(sim.joint_qd).all(1)
+                     | (sim.joint_qd.abs() > DIVERGED_SPEED).any(1))
+        self.diverged = nonfinite
         for term in self.terms:
             hit = term(env) & ~nonfinite
             if term.time_out:
@@ -47,9 +56,10 @@ class TerminationManager:
             log[f"Episode_Termination/{term.name}"] = hit.float().mean()
         terminated |= nonfinite
         log["Episode_Termination/nonfinite"] = nonfinite.float().mean()
-        # Keep the bad numbers out of rewards and observations of this step (the reset follows).
-        sim.joint_q.nan_to_num_(0.0, 0.0, 0.0)
-        sim.joint_qd.nan_to_num_(0.0, 0.0, 0.0)
+        # Keep the bad numbers out of rewards and observations of this step (the reset follows);
+        # torch.where, not a masked assignment: no device sync inside a captured step.
+        for state in (sim.joint_q, sim.joint_qd):
+            state.copy_(torch.where(nonfinite[:, None], 0.0, state))
         return terminated, time_outs
 
 
