@@ -36,6 +36,8 @@ class TerminationManager:
     def __init__(self, env, cfg: dict):
         self.env = env
         self.terms = [mdp.resolve(env, "terminations", name, term) for name, term in cfg.items()]
+        # (num_envs,) the worlds the last compute() ended as diverged (in place: a captured step's buffer)
+        self.diverged = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
 
     def compute(self, log: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """``(terminated, time_outs)``, each (num_envs,) bool, from the current state; adds each
@@ -46,7 +48,7 @@ class TerminationManager:
         # A world whose physics diverged is ended and counted, never propagated.
         nonfinite = (~torch.isfinite(sim.joint_q).all(1) | ~torch.isfinite(sim.joint_qd).all(1)
                      | (sim.joint_qd.abs() > DIVERGED_SPEED).any(1))
-        self.diverged = nonfinite
+        self.diverged.copy_(nonfinite)
         for term in self.terms:
             hit = term(env) & ~nonfinite
             if term.time_out:
