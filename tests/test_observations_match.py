@@ -56,12 +56,15 @@ def robot_states(env, metadata: dict) -> list[dict]:
         pose = torch.cat([robot.body_pos_w[:, 0], robot.body_quat_w[:, 0]], dim=-1).numpy()
     position, quat = pose[:, :3], pose[:, 3:7]
     if robot.floating_base:
-        velocity = views["robot/root_vel_w"]
+        velocity = views["robot/root_vel_w"]  # the base's centre of mass's (Newton's free joint)
+        com = robot.body_com[:, 0].numpy()  # the centre of mass in the base frame
         height = position[:, 2] - env.sim.ground_height(torch.from_numpy(position[:, :2])).numpy()
         for i, state in enumerate(states):
+            ang_vel = quat_rotate_inverse(quat[i], velocity[i, 3:])
             state.update(base_quat=quat[i], base_pos=np.array([*position[i, :2], height[i]], np.float32),
-                         base_lin_vel=quat_rotate_inverse(quat[i], velocity[i, :3]),
-                         base_ang_vel=quat_rotate_inverse(quat[i], velocity[i, 3:]))
+                         # an estimator's: the base frame origin's velocity
+                         base_lin_vel=quat_rotate_inverse(quat[i], velocity[i, :3]) - np.cross(ang_vel, com[i]),
+                         base_ang_vel=ang_vel)
     if metadata.get("height_scan"):  # terrain heights at the points, turned with the base's yaw, minus the base's
         x, y, z, w = quat.T
         yaw = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
