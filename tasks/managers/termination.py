@@ -46,22 +46,22 @@ class TerminationManager:
         time_outs = env.episode_length_buf >= env.max_episode_length
         terminated = torch.zeros_like(time_outs)
         # A world whose physics diverged is ended and counted, never propagated.
-        nonfinite = (~torch.isfinite(sim.joint_q).all(1) | ~torch.isfinite(sim.joint_qd).all(1)
-                     | (sim.joint_qd.abs() > DIVERGED_SPEED).any(1))
-        self.diverged.copy_(nonfinite)
+        diverged = (~torch.isfinite(sim.joint_q).all(1) | ~torch.isfinite(sim.joint_qd).all(1)
+                    | (sim.joint_qd.abs() > DIVERGED_SPEED).any(1))
+        self.diverged.copy_(diverged)
         for term in self.terms:
-            hit = term(env) & ~nonfinite
+            hit = term(env) & ~diverged
             if term.time_out:
                 time_outs |= hit
             else:
                 terminated |= hit
             log[f"Episode_Termination/{term.name}"] = hit.float().mean()
-        terminated |= nonfinite
-        log["Episode_Termination/nonfinite"] = nonfinite.float().mean()
+        terminated |= diverged
+        log["Episode_Termination/nonfinite"] = diverged.float().mean()  # (the name from before the speed bound)
         # Keep the bad numbers out of rewards and observations of this step (the reset follows);
         # torch.where, not a masked assignment: no device sync inside a captured step.
         for state in (sim.joint_q, sim.joint_qd):
-            state.copy_(torch.where(nonfinite[:, None], 0.0, state))
+            state.copy_(torch.where(diverged[:, None], 0.0, state))
         return terminated, time_outs
 
 
