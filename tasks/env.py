@@ -207,14 +207,8 @@ class LegionEnv(VecEnv):
         # The share of worlds whose solver stopped at a limit this step (device tensors: no sync).
         limits = self.sim.solver_limits / self.num_envs
         self.extras = {"log": {f"Solver/{name}_fraction": value for name, value in zip(SOLVER_LIMITS, limits)}}
+        # (A world whose physics diverged ends here, its state zeroed before rewards read it.)
         self.terminated, self.time_outs = self.termination_manager.compute(self.extras["log"])
-        # The termination manager ends a world whose physics diverged and zeroes its joint state;
-        # the body state the solver made from it (poses, velocities, contact forces) is NaN or
-        # absurd too, and reward terms read it (e.g. a tool's pose): zero that as well, or it
-        # reaches the rewards and the update. The world is reset below.
-        diverged = self.termination_manager.diverged
-        for state in (self.sim.body_q, self.sim.body_qd, self.sim.contact_forces):
-            state.copy_(torch.where(diverged.view(-1, *[1] * (state.dim() - 1)), 0.0, state))
         rewards, self.reward_values = self.reward_manager.compute()
         # New commands only now: success and rewards above judged the command the policy saw.
         self.command_manager.step()

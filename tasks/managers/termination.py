@@ -36,8 +36,6 @@ class TerminationManager:
     def __init__(self, env, cfg: dict):
         self.env = env
         self.terms = [mdp.resolve(env, "terminations", name, term) for name, term in cfg.items()]
-        # (num_envs,) the worlds the last compute() ended as diverged (in place: a captured step's buffer)
-        self.diverged = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
 
     def compute(self, log: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """``(terminated, time_outs)``, each (num_envs,) bool, from the current state; adds each
@@ -48,7 +46,6 @@ class TerminationManager:
         # A world whose physics diverged is ended and counted, never propagated.
         diverged = (~torch.isfinite(sim.joint_q).all(1) | ~torch.isfinite(sim.joint_qd).all(1)
                     | (sim.joint_qd.abs() > DIVERGED_SPEED).any(1))
-        self.diverged.copy_(diverged)
         for term in self.terms:
             hit = term(env) & ~diverged
             if term.time_out:
@@ -58,10 +55,12 @@ class TerminationManager:
             log[f"Episode_Termination/{term.name}"] = hit.float().mean()
         terminated |= diverged
         log["Episode_Termination/nonfinite"] = diverged.float().mean()  # (the name from before the speed bound)
-        # Keep the bad numbers out of rewards and observations of this step (the reset follows);
-        # torch.where, not a masked assignment: no device sync inside a captured step.
-        for state in (sim.joint_q, sim.joint_qd):
-            state.copy_(torch.where(diverged[:, None], 0.0, state))
+        # Keep the bad numbers out of rewards and observations of this step (the reset follows): the
+        # joint state and the body state the solver made from it (poses, velocities, contact
+        # forces; reward terms read them, e.g. a tool's pose). torch.where, not a masked
+        # assignment: no device sync inside a captured step.
+        for state in (sim.joint_q, sim.joint_qd, sim.body_q, sim.body_qd, sim.contact_forces):
+            state.copy_(torch.where(diverged.view(-1, *[1] * (state.dim() - 1)), 0.0, state))
         return terminated, time_outs
 
 
