@@ -1,14 +1,15 @@
 """MuJoCo's physics on this CPU three ways, per robot, in one run: MuJoCo Warp (``sim.backend=warp``,
-Warp runs each kernel on one thread), MuJoCo's C library through legion-rl (``sim.backend=c``:
-``mujoco.rollout`` on every core, with Newton's conversions around it), and raw ``mujoco.rollout``
-on the same MjModels and states with nothing around it (the limit of this machine for MuJoCo).
+Warp runs each kernel on one thread), MuJoCo's C library through legion-rl (``sim.backend=c``: a
+thread per core, with Newton's conversions around it), and raw ``mujoco.rollout`` on the same
+MjModels, from the same states, with nothing around it (the limit of this machine for MuJoCo).
 
 Per robot (the authored quadruped, the Go2, the G1, the arm) and num_envs: env-steps/s of
 LegionEnv.step with random actions, the physics world-steps/s timed inside those env steps
 (NewtonSim.step), the env's overhead (env time over physics time), and for the C backend its
 physics as a share of raw rollout's (goal >= 0.80) and its env step over its physics (goal <= 1.3).
-The backends and the raw rollout take turns, ``--chunk`` control steps at a time, so a busy
-machine slows them alike.
+The backends and the raw rollout take turns, ``--chunk`` control steps at a time, the raw rollout
+stepping the very states the C backend stepped in its turn, so a busy machine slows them alike;
+the two ratios are medians over the turns.
 
     python bench/backends.py [--num-envs 256 1024] [--steps 40] [--robots quadruped go2 g1 arm]
 """
@@ -16,6 +17,7 @@ machine slows them alike.
 import argparse
 import time
 
+import mujoco
 import numpy as np
 
 from common import compose, make_env, print_table, torch, write_json
@@ -29,60 +31,73 @@ ROBOTS = {  # name: the task and overrides that train it
 
 
 class Timed:
-    """An env whose NewtonSim.step is timed inside its env steps."""
+    """An env whose NewtonSim.step is timed inside its env steps, per turn."""
 
     def __init__(self, robot: str, num_envs: int, backend: str):
         task, *overrides = ROBOTS[robot]
         self.env = make_env(compose(f"task={task}", *overrides, f"sim.num_envs={num_envs}", "device=cpu",
                                     f"sim.backend={backend}"))
-        self.env_s = self.physics_s = 0.0
+        self.env_s, self.physics_s = [], []  # per turn
         step = self.env.sim.step
 
         def timed():
             t = time.perf_counter()
             step()
-            self.physics_s += time.perf_counter() - t
+            self.physics_s[-1] += time.perf_counter() - t
 
         self.env.sim.step = timed
 
     def run(self, actions: torch.Tensor) -> None:
+        self.physics_s.append(0.0)
         t = time.perf_counter()
         for action in actions:
             self.env.step(action)
-        self.env_s += time.perf_counter() - t
+        self.env_s.append(time.perf_counter() - t)
 
 
 class RawRollout:
-    """``mujoco.rollout`` alone on the C backend's MjModels, from its worlds' current states,
-    warm starts and controls: each call steps every world one control step."""
+    """``mujoco.rollout`` alone on the C backend's MjModels, from the very states, warm starts and
+    controls its worlds were stepped from in the C backend's last turn (recorded as it stepped
+    them, the copies' time taken out of its physics time): the same work with nothing around it."""
 
-    def __init__(self, c_env):
+    def __init__(self, c: Timed):
         from mujoco import rollout
 
-        self.solver = c_env.sim.solver
+        self.c, self.solver = c, c.env.sim.solver
         self.pool = rollout.Rollout(nthread=len(self.solver._datas))
-        # rollout takes one MjModel per world: each world's, its randomized values written in
+        # rollout takes one MjModel per world: each world's, its randomized values written in, its
+        # sensors off as the C backend steps them (it evaluates them once per control step)
         self.models = [self.solver.world_model(w) for w in range(self.solver.sim.num_envs)]
-        self.seconds = 0.0
+        for model in self.models:
+            model.opt.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_SENSOR)
+        self.recorded, self.seconds = [], []
+        run = self.solver._run
 
-    def run(self, control_steps: int) -> None:
-        import mujoco
+        def recording(steps: int):
+            t = time.perf_counter()
+            self.recorded.append(self.solver.states.copy())
+            self.c.physics_s[-1] -= time.perf_counter() - t
+            run(steps)
 
-        s, steps = self.solver, self.solver.sim.decimation
-        x, c = s.states, s.columns
-        physics = [c[k] for k in ("time", "qpos", "qvel", "act", "history", "plugin") if k in c]
-        initial = np.concatenate([x[:, k] for k in physics], axis=1)
-        control = np.repeat(np.concatenate([x[:, c[k]] for k in ("ctrl", "qfrc_applied", "xfrc_applied")],
-                                           axis=1)[:, None], steps, axis=1)
+        self.solver._run = recording
+
+    def run(self) -> None:
+        steps, c = self.solver.sim.decimation, self.solver.columns
         spec = int(mujoco.mjtState.mjSTATE_CTRL | mujoco.mjtState.mjSTATE_QFRC_APPLIED
                    | mujoco.mjtState.mjSTATE_XFRC_APPLIED)
-        warmstart = x[:, c["warmstart"]].copy()
-        states = np.zeros((len(x), steps, initial.shape[1]))
+        physics = [c[k] for k in ("time", "qpos", "qvel", "act", "history", "plugin") if k in c]
+        work = []
+        for x in self.recorded:
+            initial = np.concatenate([x[:, k] for k in physics], axis=1)
+            control = np.repeat(np.concatenate([x[:, c[k]] for k in ("ctrl", "qfrc_applied", "xfrc_applied")],
+                                               axis=1)[:, None], steps, axis=1)
+            work.append((initial, control, x[:, c["warmstart"]].copy(), np.zeros((len(x), steps, initial.shape[1]))))
+        self.recorded.clear()
         t = time.perf_counter()
-        for _ in range(control_steps):
-            self.pool.rollout(self.models, s._datas, initial, control, control_spec=spec, nstep=steps,
+        for initial, control, warmstart, states in work:
+            self.pool.rollout(self.models, self.solver._datas, initial, control, control_spec=spec, nstep=steps,
                               initial_warmstart=warmstart, state=states, skip_checks=True)
-        self.seconds += time.perf_counter() - t
+        self.seconds.append(time.perf_counter() - t)
 
 
 def measure(robot: str, num_envs: int, steps: int, chunk: int) -> dict:
@@ -91,21 +106,23 @@ def measure(robot: str, num_envs: int, steps: int, chunk: int) -> dict:
     actions = torch.randn(steps + 5, num_envs, num_actions, generator=torch.Generator().manual_seed(0)).clamp(-2, 2)
     for timed in envs.values():
         timed.run(actions[:5])  # warm up (the C backend's buffers, Warp's graph)
-        timed.env_s = timed.physics_s = 0.0
-    raw = RawRollout(envs["c"].env)
+        timed.env_s, timed.physics_s = [], []
+    raw = RawRollout(envs["c"])
     for start in range(5, steps + 5, chunk):
         for timed in envs.values():
             timed.run(actions[start:start + chunk])
-        raw.run(min(chunk, steps + 5 - start))
+        raw.run()
     decimation = envs["c"].env.sim.decimation
     row = {"robot": robot, "num_envs": num_envs}
     for backend, timed in envs.items():
-        row[f"{backend} env-steps/s"] = steps * num_envs / timed.env_s
-        row[f"{backend} physics world-steps/s"] = steps * num_envs * decimation / timed.physics_s
-    row["raw rollout world-steps/s"] = steps * num_envs * decimation / raw.seconds
-    row["c / warp (env)"] = envs["warp"].env_s / envs["c"].env_s
-    row["c physics / raw"] = raw.seconds / envs["c"].physics_s
-    row["c env / physics"] = envs["c"].env_s / envs["c"].physics_s
+        row[f"{backend} env-steps/s"] = steps * num_envs / sum(timed.env_s)
+        row[f"{backend} physics world-steps/s"] = steps * num_envs * decimation / sum(timed.physics_s)
+    row["raw rollout world-steps/s"] = steps * num_envs * decimation / sum(raw.seconds)
+    row["c / warp (env)"] = sum(envs["warp"].env_s) / sum(envs["c"].env_s)
+    # Ratios of the same work, turn by turn: their median is immune to a turn the shared machine slowed
+    c = envs["c"]
+    row["c physics / raw"] = float(np.median(np.array(raw.seconds) / np.array(c.physics_s)))
+    row["c env / physics"] = float(np.median(np.array(c.env_s) / np.array(c.physics_s)))
     return row
 
 

@@ -358,7 +358,10 @@ class MuJoCoC(MuJoCo):
       implicitly. Only where Newton gave MuJoCo no actuators of its own (every actuated joint a
       dc_motor) and the motors have no delay; otherwise NewtonSim steps them.
     - Contact forces: a MuJoCo contact sensor per body (``reduce="netforce"``: the net force
-      of the body's contacts, world frame), copied out after each world's last physics step.
+      of the body's contacts, world frame) where the scene senses contacts. Sensors are read
+      once per control step, so the threads step with them off and evaluate them
+      (``mj_sensorAcc``: contact forces and actuator torques are acceleration-stage sensors)
+      after a world's last physics step, from that step's contacts, as ``mj_step`` would have.
     - Solver limits: MuJoCo's C library grows its arena rather than dropping contacts and keeps
       no per-world iteration counts; ``overflow`` counts its warnings that the arena was full
       (contacts or constraints dropped), the iteration limits are not counted (zeros).
@@ -376,7 +379,7 @@ class MuJoCoC(MuJoCo):
         spec = next(spec for spec, model in compiled if model is template)
         motors = self._motors(sim, template)
         self.steps_motors = bool(motors)
-        self.mj_model = m = _compiled_for_c(mujoco, spec, template, motors)
+        self.mj_model = m = _compiled_for_c(mujoco, spec, template, motors, contacts=sim.senses_contacts)
         m.opt.timestep = sim.dt
         if self.steps_motors:
             m.opt.integrator = int(mujoco.mjtIntegrator.mjINT_EULER)  # the motors explicit, as Newton's
@@ -403,7 +406,7 @@ class MuJoCoC(MuJoCo):
         mujoco.mj_getState(m, data, self.states[0], self._spec)  # the model's reference state
         self.states[:] = self.states[0]
         self.sensors = np.zeros((n, m.nsensordata))
-        contacts = 3 * (m.nbody - 1)  # a contact sensor per body, then a torque sensor per motor
+        contacts = 3 * (m.nbody - 1) if sim.senses_contacts else 0  # a sensor per body, then one per motor
         self._contact_readings = self.sensors[:, :contacts]
         self._motor_readings = torch.from_numpy(self.sensors[:, contacts:])
         self._targets = sim.control.joint_target_q.numpy().reshape(n, -1)  # the motors' ctrl
@@ -416,6 +419,8 @@ class MuJoCoC(MuJoCo):
         threads = sim.threads
         self._datas = [mujoco.MjData(m) for _ in range(threads)]
         self._thread_models = [copy.copy(m) for _ in range(threads)]
+        for model in self._thread_models:  # the sensors: evaluated once, after the last step (_step_worlds)
+            model.opt.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_SENSOR)
         bounds = np.linspace(0, n, threads + 1).astype(int)
         self._shares = [(t, range(bounds[t], bounds[t + 1])) for t in range(threads)]
         self._plan_writes()
@@ -423,10 +428,10 @@ class MuJoCoC(MuJoCo):
         self._lib = _mujoco_library(mujoco)
         self._overflows = 0
         self._full = (int(mujoco.mjtWarning.mjWARN_CNSTRFULL), int(mujoco.mjtWarning.mjWARN_CONTACTFULL))
-        # The sensors' bodies -> Newton body slots of a world
-        assert self.solver.mjc_body_to_newton is not None
-        mjc_body_to_newton = self.solver.mjc_body_to_newton.numpy()[0]  # pyright: ignore[reportAttributeAccessIssue]
-        self._sensor_slot = mjc_body_to_newton[m.sensor_objid[: m.nbody - 1]].astype(np.int64)
+        if sim.senses_contacts:  # the sensors' bodies -> Newton body slots of a world
+            assert self.solver.mjc_body_to_newton is not None
+            mjc_body_to_newton = self.solver.mjc_body_to_newton.numpy()[0]  # pyright: ignore[reportAttributeAccessIssue]
+            self._sensor_slot = mjc_body_to_newton[m.sensor_objid[: m.nbody - 1]].astype(np.int64)
 
     @property
     def motor_torque(self) -> torch.Tensor:
@@ -510,19 +515,27 @@ class MuJoCoC(MuJoCo):
             _inertial_frames_in_use(model, self._same_frames)
 
     def _plan_writes(self) -> None:
-        """Per thread: (its model's field, as a flat numpy view, the rows) of every per-world
-        field, for :meth:`_step_worlds` to write a world's values before stepping it (a numpy
-        copy keeps the GIL, where a ctypes memmove would hand it over at every call)."""
+        """How :meth:`_step_worlds` writes a world's per-world values into its thread's model: one
+        numpy scatter per world (a copy per field costs ~0.3 us, most of the Python per world).
+        :attr:`_world_values` holds each world's values of every per-world field, concatenated;
+        :attr:`_writes` holds per thread a float64 view of its model's memory from the first of
+        those fields to the end of the last (they lie in the model's one buffer) and where each
+        value goes in it."""
+        self._world_values = np.concatenate([np.zeros((self.sim.num_envs, 0)), *self._rows.values()], axis=1)
         self._writes = []
         for model in self._thread_models:
-            writes = []
-            for (opt, name), rows in self._rows.items():
-                target = getattr(model.opt if opt else model, name)
-                if not isinstance(target, np.ndarray):
-                    raise NotImplementedError(f"sim.backend=c: the per-world scalar option {name} differs between "
-                                              "worlds; use sim.backend=warp for that randomization.")
-                writes.append((target.reshape(-1), rows))
-            self._writes.append(writes)
+            fields = [getattr(model.opt if opt else model, name) for opt, name in self._rows]
+            for field, (_, name) in zip(fields, self._rows):
+                if not isinstance(field, np.ndarray) or field.dtype != np.float64:
+                    raise NotImplementedError(f"sim.backend=c: {name} differs between worlds and MuJoCo holds it as "
+                                              f"{type(field).__name__}, not float64 values; use sim.backend=warp for "
+                                              "that randomization.")
+            start = min((field.ctypes.data for field in fields), default=0)
+            end = max((field.ctypes.data + field.nbytes for field in fields), default=0)
+            memory = np.ctypeslib.as_array((ctypes.c_double * ((end - start) // 8)).from_address(start)) \
+                if fields else np.zeros(0)
+            slots = [(field.ctypes.data - start) // 8 + np.arange(field.size) for field in fields]
+            self._writes.append((memory, np.concatenate([np.zeros(0, dtype=np.int64), *slots])))
 
     def world_model(self, world: int):
         """A copy of the MjModel world ``world`` is stepped with (its per-world values written)."""
@@ -630,21 +643,24 @@ class MuJoCoC(MuJoCo):
         """One thread's worlds, each ``steps`` physics steps from its row of :attr:`states`, with
         its per-world parameters written into the thread's model first."""
         thread, worlds = share
-        set_state, get_state, mj_step, copy_bytes = self._lib
-        data, spec, writes = self._datas[thread], self._spec, self._writes[thread]
+        set_state, get_state, mj_step, sensor_acc, copy_bytes = self._lib
+        data, spec, (memory, slots), values = self._datas[thread], self._spec, self._writes[thread], self._world_values
         m, d = self._thread_models[thread]._address, data._address
+        sensing = self.mj_model._address  # sensors on; they read the data only, not per-world fields
         row, row_bytes = self.states.ctypes.data, self.states.strides[0]
         out, out_bytes = self.sensors.ctypes.data, self.sensors.strides[0]
         sensordata, nbytes = data.sensordata.ctypes.data, self.sensors.shape[1] * 8
         for world in worlds:
-            for target, rows in writes:
-                target[:] = rows[world]
+            if slots.size:
+                memory[slots] = values[world]
             state = row + world * row_bytes
             set_state(m, d, state, spec)
             for _ in range(steps):
                 mj_step(m, d)
             get_state(m, d, state, spec)
-            copy_bytes(out + world * out_bytes, sensordata, nbytes)
+            if nbytes:
+                sensor_acc(sensing, d)
+                copy_bytes(out + world * out_bytes, sensordata, nbytes)
 
     def _warning_count(self) -> int:
         return sum(int(data.warning[w].number) for data in self._datas for w in self._full)
@@ -671,17 +687,18 @@ class MuJoCoC(MuJoCo):
 
 
 def _mujoco_library(mujoco) -> tuple:
-    """``mj_setState``, ``mj_getState`` and ``mj_step`` of the library the ``mujoco`` package
-    wraps, and ``memmove``, as ctypes functions taking raw addresses (``MjModel._address``)."""
+    """``mj_setState``, ``mj_getState``, ``mj_step`` and ``mj_sensorAcc`` of the library the
+    ``mujoco`` package wraps, and ``memmove``, as ctypes functions taking raw addresses
+    (``MjModel._address``)."""
     folder = Path(mujoco.__file__).parent
     lib = ctypes.CDLL(str(next(path for pattern in ("libmujoco.so*", "libmujoco*.dylib", "mujoco.dll")
                                for path in folder.glob(pattern))))
     pointer, spec = ctypes.c_void_p, ctypes.c_int
     lib.mj_setState.argtypes = lib.mj_getState.argtypes = [pointer, pointer, pointer, spec]
-    lib.mj_step.argtypes = [pointer, pointer]
-    for function in (lib.mj_setState, lib.mj_getState, lib.mj_step):
+    lib.mj_step.argtypes = lib.mj_sensorAcc.argtypes = [pointer, pointer]
+    for function in (lib.mj_setState, lib.mj_getState, lib.mj_step, lib.mj_sensorAcc):
         function.restype = None
-    return lib.mj_setState, lib.mj_getState, lib.mj_step, ctypes.memmove
+    return lib.mj_setState, lib.mj_getState, lib.mj_step, lib.mj_sensorAcc, ctypes.memmove
 
 
 def _record(device: str, function, *args) -> wp.Graph:
@@ -711,13 +728,13 @@ def _compiled_specs(mujoco):
         mujoco.MjSpec.compile = compile_
 
 
-def _compiled_for_c(mujoco, spec, template, motors=()):
-    """``spec`` compiled again with a contact sensor on every body (net force of the body's
-    contacts, world frame) and the DC motors of ``motors``, (joint, saturation effort) pairs
+def _compiled_for_c(mujoco, spec, template, motors=(), contacts: bool = True):
+    """``spec`` compiled again with a contact sensor on every body if ``contacts`` (net force of the
+    body's contacts, world frame) and the DC motors of ``motors``, (joint, saturation effort) pairs
     (:class:`MuJoCoC`: two affine actuators each, the PD's clipped to the saturation, their gains
     written per world later, and a sensor of the joint's actuator torque), then given every field
     of ``template`` (what SolverMuJoCo set after compiling) except the sensors' and the motors'."""
-    for body in spec.bodies[1:]:  # [0] is the world
+    for body in spec.bodies[1:] if contacts else []:  # [0] is the world
         spec.add_sensor(type=mujoco.mjtSensor.mjSENS_CONTACT, objtype=mujoco.mjtObj.mjOBJ_BODY, objname=body.name,
                         intprm=[2, 3, 1])  # data="force", reduce="netforce", num=1
     affine = {"trntype": mujoco.mjtTrn.mjTRN_JOINT, "gaintype": mujoco.mjtGain.mjGAIN_FIXED,
