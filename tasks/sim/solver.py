@@ -538,7 +538,8 @@ class MuJoCoC(MuJoCo):
             self._writes.append((memory, np.concatenate([np.zeros(0, dtype=np.int64), *slots])))
 
     def world_model(self, world: int):
-        """A copy of the MjModel world ``world`` is stepped with (its per-world values written)."""
+        """A copy of the MjModel world ``world`` is stepped with (its per-world values written, its
+        sensors on: the threads' models evaluate them once per control step instead)."""
         model = copy.copy(self.mj_model)
         for (opt, name), rows in self._rows.items():
             _assign(model.opt if opt else model, name, rows[world])
