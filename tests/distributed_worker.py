@@ -3,7 +3,8 @@
     python -m torch.distributed.run ... tests/distributed_worker.py OUT_DIR [key=value ...]
 
 Trains through legion.commands.train into OUT_DIR/run and writes OUT_DIR/rank<R>.json: a checksum of
-the policy's and the critic's weights after every update, and rank 0's training history.
+the policy's and the critic's weights after every update, the last update's losses, whether the actor
+is recurrent, and rank 0's training history.
 LEGION_TEST_DIE_AT=<iteration> makes the last rank exit abruptly once it has finished that iteration.
 """
 
@@ -19,21 +20,22 @@ from legion import commands, configs
 
 out, overrides = Path(sys.argv[1]), sys.argv[2:]
 rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-checksums, update = [], PPO.update
+checksums, losses, update = [], {}, PPO.update
 die_at = int(os.environ.get("LEGION_TEST_DIE_AT", "0"))
 
 
 def update_and_checksum(self):
-    losses = update(self)
+    losses.update(update(self))
     weights = [t for model in (self.actor, self.critic) for t in model.state_dict().values()]
     checksums.append(hashlib.sha256(b"".join(t.detach().cpu().numpy().tobytes() for t in weights)).hexdigest())
     if die_at and rank == world - 1 and len(checksums) == die_at:
         os._exit(17)  # no cleanup, no goodbye: as a crash or a kill -9 leaves the others
-    return losses
+    return dict(losses)
 
 
 PPO.update = update_and_checksum
 runner = commands.train(configs.compose(*overrides), out / "run")
 (out / f"rank{rank}.json").write_text(json.dumps({
-    "checksums": checksums, "mean_episode_length": runner.mean_episode_length,
+    "checksums": checksums, "losses": losses, "recurrent": runner.ppo.actor.is_recurrent,
+    "mean_episode_length": runner.mean_episode_length,
     "episodes": runner.log.episodes, "seed_state": runner.env.generator.initial_seed()}))

@@ -1,6 +1,6 @@
 """Training over torch.distributed with real processes on the CPU (gloo): identical weights on
-every rank after every update, the same learning as one process with all the envs, a lost rank
-makes the others stop with a message, parallel Hydra sweeps."""
+every rank after every update (recurrent and symmetric PPO included), the same learning as one
+process with all the envs, a lost rank makes the others stop with a message, parallel Hydra sweeps."""
 
 import json
 import os
@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from conftest import ROOT
 
@@ -76,6 +78,30 @@ def test_two_ranks_hold_identical_weights_and_learn_like_one_process_with_all_th
     print(f"mean episode length after {iterations} iterations: 2 ranks x 128 envs {lengths[0]:.1f}, "
           f"1 process x 256 envs {lengths[1]:.1f}")
     assert min(lengths) > 60 and max(lengths) / min(lengths) < 1.6
+
+
+@pytest.mark.parametrize("overrides", [
+    pytest.param((*CARTPOLE, "sim.num_envs=32", "agent.mode=async", "agent.actor.rnn.type=lstm",
+                  "agent.actor.rnn.hidden_size=32"), id="lstm-async"),
+    pytest.param(("task=quadruped_flat", "sim.num_envs=16", "agent.num_steps_per_env=8", "agent.save_interval=1000",
+                  "agent.mode=sync", "agent.symmetry.augmentation=true", "agent.symmetry.mirror_loss=true"),
+                 id="symmetry-sync"),
+])
+def test_recurrent_and_symmetric_ppo_keep_every_rank_identical(tmp_path, overrides):
+    """Issue 28's extensions over two ranks: an LSTM actor under async PPO (each rank's learner on
+    its own actor's sequences) and the symmetry extension (augmentation and the mirror loss) end
+    every update with the same weights on both ranks, and the weights move."""
+    iterations = 3
+    result = torchrun(WORKER, str(tmp_path), *overrides, f"agent.max_iterations={iterations}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["checksums"] == ranks[1]["checksums"]  # every update, bit for bit
+    assert len(set(ranks[0]["checksums"])) == iterations  # each update changed them
+    if "agent.actor.rnn.type=lstm" in overrides:
+        assert ranks[0]["recurrent"] and ranks[1]["recurrent"]
+    else:  # the mirror loss was computed (rank-local: each rank's own mini-batches)
+        assert all(0 < rank["losses"]["symmetry"] < float("inf") for rank in ranks)
+        assert ranks[0]["losses"]["symmetry"] != ranks[1]["losses"]["symmetry"]
 
 
 def test_a_rank_on_another_node_that_is_killed_stops_the_others_with_a_message(tmp_path):
