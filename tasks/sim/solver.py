@@ -332,9 +332,10 @@ class MuJoCoC(MuJoCo):
     That step: each world's whole integration state (``mjSTATE_INTEGRATION``: time, positions,
     velocities, controls, applied forces and the solver's warm start) is a row of one float64
     array. One thread per core takes a contiguous share of the worlds and, with one MjData of its
-    own, sets a world's row, calls ``mj_step`` ``steps`` times and reads the row back, through
-    ctypes into MuJoCo's library (ctypes releases the GIL, so the threads run in parallel). This
-    is ``mujoco.rollout``'s loop (as fast, measured), with one thing rollout cannot do: give back
+    own, sets a world's row, calls ``mj_step`` with ``nstep=steps`` and reads the row back
+    (ctypes into MuJoCo's library, and the bindings' ``mj_step``: both release the GIL, so the
+    threads run in parallel). This is ``mujoco.rollout``'s loop (as fast on one thread,
+    measured), with one thing rollout cannot do: give back
     the warm start, so a world's next control step starts from its own last solution exactly as
     one MjData stepping alone would (plain MuJoCo, `legion sim2sim`, a robot log replayed). A
     world's result depends on its own row only: the thread schedule cannot change it (exact
@@ -425,7 +426,7 @@ class MuJoCoC(MuJoCo):
         self._shares = [(t, range(bounds[t], bounds[t + 1])) for t in range(threads)]
         self._plan_writes()
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="mujoco")
-        self._lib = _mujoco_library(mujoco)
+        self._lib, self._mujoco = _mujoco_library(mujoco), mujoco
         self._overflows = 0
         self._full = (int(mujoco.mjtWarning.mjWARN_CNSTRFULL), int(mujoco.mjtWarning.mjWARN_CONTACTFULL))
         if sim.senses_contacts:  # the sensors' bodies -> Newton body slots of a world
@@ -644,9 +645,11 @@ class MuJoCoC(MuJoCo):
         """One thread's worlds, each ``steps`` physics steps from its row of :attr:`states`, with
         its per-world parameters written into the thread's model first."""
         thread, worlds = share
-        set_state, get_state, mj_step, sensor_acc, copy_bytes = self._lib
+        set_state, get_state, sensor_acc, copy_bytes = self._lib
+        mj_step = self._mujoco.mj_step  # its nstep loop in C: one release of the GIL for the control step
         data, spec, (memory, slots), values = self._datas[thread], self._spec, self._writes[thread], self._world_values
-        m, d = self._thread_models[thread]._address, data._address
+        model = self._thread_models[thread]
+        m, d = model._address, data._address
         sensing = self.mj_model._address  # sensors on; they read the data only, not per-world fields
         row, row_bytes = self.states.ctypes.data, self.states.strides[0]
         out, out_bytes = self.sensors.ctypes.data, self.sensors.strides[0]
@@ -656,8 +659,7 @@ class MuJoCoC(MuJoCo):
                 memory[slots] = values[world]
             state = row + world * row_bytes
             set_state(m, d, state, spec)
-            for _ in range(steps):
-                mj_step(m, d)
+            mj_step(model, data, steps)
             get_state(m, d, state, spec)
             if nbytes:
                 sensor_acc(sensing, d)
@@ -688,18 +690,18 @@ class MuJoCoC(MuJoCo):
 
 
 def _mujoco_library(mujoco) -> tuple:
-    """``mj_setState``, ``mj_getState``, ``mj_step`` and ``mj_sensorAcc`` of the library the
-    ``mujoco`` package wraps, and ``memmove``, as ctypes functions taking raw addresses
-    (``MjModel._address``)."""
+    """``mj_setState``, ``mj_getState`` and ``mj_sensorAcc`` of the library the ``mujoco``
+    package wraps, and ``memmove``, as ctypes functions taking raw addresses
+    (``MjModel._address``): a third of the Python bindings' cost per call."""
     folder = Path(mujoco.__file__).parent
     lib = ctypes.CDLL(str(next(path for pattern in ("libmujoco.so*", "libmujoco*.dylib", "mujoco.dll")
                                for path in folder.glob(pattern))))
     pointer, spec = ctypes.c_void_p, ctypes.c_int
     lib.mj_setState.argtypes = lib.mj_getState.argtypes = [pointer, pointer, pointer, spec]
-    lib.mj_step.argtypes = lib.mj_sensorAcc.argtypes = [pointer, pointer]
-    for function in (lib.mj_setState, lib.mj_getState, lib.mj_step, lib.mj_sensorAcc):
+    lib.mj_sensorAcc.argtypes = [pointer, pointer]
+    for function in (lib.mj_setState, lib.mj_getState, lib.mj_sensorAcc):
         function.restype = None
-    return lib.mj_setState, lib.mj_getState, lib.mj_step, lib.mj_sensorAcc, ctypes.memmove
+    return lib.mj_setState, lib.mj_getState, lib.mj_sensorAcc, ctypes.memmove
 
 
 def _record(device: str, function, *args) -> wp.Graph:
