@@ -7,9 +7,10 @@ Per robot (the authored quadruped, the Go2, the G1, the arm) and num_envs: env-s
 LegionEnv.step with random actions, the physics world-steps/s timed inside those env steps
 (NewtonSim.step), the env's overhead (env time over physics time), and for the C backend its
 physics as a share of raw rollout's (goal >= 0.80) and its env step over its physics (goal <= 1.3).
-The backends and the raw rollout take turns, ``--chunk`` control steps at a time, the raw rollout
-stepping the very states the C backend stepped in its turn, so a busy machine slows them alike;
-the two ratios are medians over the turns.
+The two backends take turns, ``--chunk`` control steps at a time, so a busy machine slows them
+alike; then the C backend and raw rollout take turns, the raw rollout stepping the very states the
+C backend stepped in its turn (a Warp env's turn between them would leave the C backend's caches
+cold, as training does not), and the two ratios are medians over those turns.
 
     python bench/backends.py [--num-envs 256 1024] [--steps 40] [--robots quadruped go2 g1 arm]
 """
@@ -103,24 +104,31 @@ class RawRollout:
 def measure(robot: str, num_envs: int, steps: int, chunk: int) -> dict:
     envs = {backend: Timed(robot, num_envs, backend) for backend in ("warp", "c")}
     num_actions = envs["c"].env.num_actions
-    actions = torch.randn(steps + 5, num_envs, num_actions, generator=torch.Generator().manual_seed(0)).clamp(-2, 2)
+    actions = torch.randn(2 * steps + 5, num_envs, num_actions, generator=torch.Generator().manual_seed(0)).clamp(-2, 2)
     for timed in envs.values():
         timed.run(actions[:5])  # warm up (the C backend's buffers, Warp's graph)
         timed.env_s, timed.physics_s = [], []
-    raw = RawRollout(envs["c"])
-    for start in range(5, steps + 5, chunk):
+    turns = range(5, steps + 5, chunk)
+    for start in turns:  # the two backends
         for timed in envs.values():
             timed.run(actions[start:start + chunk])
-        raw.run()
     decimation = envs["c"].env.sim.decimation
     row = {"robot": robot, "num_envs": num_envs}
     for backend, timed in envs.items():
         row[f"{backend} env-steps/s"] = steps * num_envs / sum(timed.env_s)
         row[f"{backend} physics world-steps/s"] = steps * num_envs * decimation / sum(timed.physics_s)
-    row["raw rollout world-steps/s"] = steps * num_envs * decimation / sum(raw.seconds)
+    row["raw rollout world-steps/s"] = 0.0  # below
     row["c / warp (env)"] = sum(envs["warp"].env_s) / sum(envs["c"].env_s)
-    # Ratios of the same work, turn by turn: their median is immune to a turn the shared machine slowed
+    # The C backend and raw rollout, with nothing between them: a Warp env's turn leaves the caches
+    # cold for the next (measured: the arm's C physics 25% slower after one), which training has not
     c = envs["c"]
+    c.env_s, c.physics_s = [], []
+    raw = RawRollout(c)
+    for start in turns:
+        c.run(actions[steps + start:steps + start + chunk])
+        raw.run()
+    row["raw rollout world-steps/s"] = steps * num_envs * decimation / sum(raw.seconds)
+    # Ratios of the same work, turn by turn: their median is immune to a turn the shared machine slowed
     row["c physics / raw"] = float(np.median(np.array(raw.seconds) / np.array(c.physics_s)))
     row["c env / physics"] = float(np.median(np.array(c.env_s) / np.array(c.physics_s)))
     return row
