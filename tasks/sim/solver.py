@@ -335,11 +335,10 @@ class MuJoCoC(MuJoCo):
     own, sets a world's row, calls ``mj_step`` with ``nstep=steps`` and reads the row back
     (ctypes into MuJoCo's library, and the bindings' ``mj_step``: both release the GIL, so the
     threads run in parallel). This is ``mujoco.rollout``'s loop (as fast on one thread,
-    measured), with one thing rollout cannot do: give back
-    the warm start, so a world's next control step starts from its own last solution exactly as
-    one MjData stepping alone would (plain MuJoCo, `legion sim2sim`, a robot log replayed). A
-    world's result depends on its own row only: the thread schedule cannot change it (exact
-    replay holds).
+    measured), with one thing rollout cannot do: give back the warm start, so a world's next
+    control step starts from its own last solution exactly as one MjData stepping alone would
+    (plain MuJoCo, `legion sim2sim`, a robot log replayed). A world's result depends on its own
+    row only: the thread schedule cannot change it (exact replay holds).
 
     - Per-world parameters: each thread steps its worlds with one MjModel of its own. A field
       MuJoCo Warp holds per world (masses, inertias, friction, gains, gravity, ...) that
@@ -426,7 +425,8 @@ class MuJoCoC(MuJoCo):
         self._shares = [(t, range(bounds[t], bounds[t + 1])) for t in range(threads)]
         self._plan_writes()
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="mujoco")
-        self._lib, self._mujoco = _mujoco_library(mujoco), mujoco
+        self._lib = _mujoco_library(mujoco)
+        self._mj_step = mujoco.mj_step  # its nstep loop in C: one release of the GIL per world and control step
         self._overflows = 0
         self._full = (int(mujoco.mjtWarning.mjWARN_CNSTRFULL), int(mujoco.mjtWarning.mjWARN_CONTACTFULL))
         if sim.senses_contacts:  # the sensors' bodies -> Newton body slots of a world
@@ -646,9 +646,8 @@ class MuJoCoC(MuJoCo):
         its per-world parameters written into the thread's model first."""
         thread, worlds = share
         set_state, get_state, sensor_acc, copy_bytes = self._lib
-        mj_step = self._mujoco.mj_step  # its nstep loop in C: one release of the GIL for the control step
-        data, spec, (memory, slots), values = self._datas[thread], self._spec, self._writes[thread], self._world_values
-        model = self._thread_models[thread]
+        mj_step, spec, (memory, slots), values = self._mj_step, self._spec, self._writes[thread], self._world_values
+        model, data = self._thread_models[thread], self._datas[thread]
         m, d = model._address, data._address
         sensing = self.mj_model._address  # sensors on; they read the data only, not per-world fields
         row, row_bytes = self.states.ctypes.data, self.states.strides[0]
@@ -692,7 +691,7 @@ class MuJoCoC(MuJoCo):
 def _mujoco_library(mujoco) -> tuple:
     """``mj_setState``, ``mj_getState`` and ``mj_sensorAcc`` of the library the ``mujoco``
     package wraps, and ``memmove``, as ctypes functions taking raw addresses
-    (``MjModel._address``): a third of the Python bindings' cost per call."""
+    (``MjModel._address``)."""
     folder = Path(mujoco.__file__).parent
     lib = ctypes.CDLL(str(next(path for pattern in ("libmujoco.so*", "libmujoco*.dylib", "mujoco.dll")
                                for path in folder.glob(pattern))))
