@@ -45,6 +45,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -115,6 +116,10 @@ class WaitClock:
                 self._total += time.perf_counter() - self._since
                 self._since = None
 
+    @property
+    def is_waiting(self) -> bool:
+        return self._since is not None
+
     def read(self, now: float) -> float:
         with self._lock:
             return self._total + (now - self._since if self._since is not None else 0.0)
@@ -148,8 +153,10 @@ class AsyncRunner(Runner):
         self.rho_clip, self.c_clip = cfg.vtrace.rho_clip, cfg.vtrace.c_clip
         self._device = torch.device(device)
         self._cuda = self._device.type == "cuda"
-        self.buffers = [self.ppo.storage] + [RolloutBuffer(env, cfg.num_steps_per_env, device, self._stop)
-                                             for _ in range(self.max_lag)]
+        self.buffers = [cast(RolloutBuffer, self.ppo.storage)] + [
+            RolloutBuffer(env, cfg.num_steps_per_env, device, self._stop) for _ in range(self.max_lag)]
+        for buffer in self.buffers:
+            buffer.before_batch = self._threads_for_batch
         # The actor's copy of the policy; at lag >= 1 without a critic (the learner re-evaluates).
         self.behaviour = build_behaviour_ppo(env, cfg, device, critic=self.max_lag == 0)
         self._cond = threading.Condition()  # guards _published; wakes an actor waiting for a version
@@ -308,6 +315,8 @@ class AsyncRunner(Runner):
                     if isinstance(e, Stopped):
                         return
                     raise
+                finally:
+                    self.update_threads.use(alone=False)  # before the actor can act again
                 # Never publish NaN weights: the actor would act with them. (The published copy was
                 # made by this thread, on this stream: no event to wait for.)
                 nonfinite = restore_if_nonfinite(ppo, losses, self._latest().state)
@@ -331,6 +340,11 @@ class AsyncRunner(Runner):
                                  f"(max {lag_max}) | wait actor {actor_wait:.2f}s learner {learner_wait:.2f}s | "
                                  f"overlap {overlap:.0%} | latency {info['latency_mean_ms']:.1f} ms"),
                 })
+
+    def _threads_for_batch(self) -> None:
+        """Before each mini-batch: an actor waiting for this update cannot act before it is
+        published, so its core is the learner's until then (:class:`~legion.agents.runner.UpdateThreads`)."""
+        self.update_threads.use(alone=self._actor_clock.is_waiting)
 
     def _next_rollout(self):
         while not self._stop.is_set():

@@ -218,6 +218,8 @@ class RolloutBuffer(RolloutStorage):
         time_outs: (T, N, 1) episodes cut by the time limit (bootstrapped by the learner).
         last_obs: observations after the last step (for the bootstrap value).
         stop: when set, the next mini-batch of an update raises :class:`Stopped`.
+        before_batch: called before each mini-batch of an update (the async learner sets its
+            torch threads there: :class:`legion.agents.runner.UpdateThreads`).
     """
 
     def __init__(self, env: VecEnv, num_steps: int, device: str, stop: threading.Event | None = None):
@@ -228,11 +230,14 @@ class RolloutBuffer(RolloutStorage):
         self.last_obs = obs.clone()
         self.last_critic_state = None  # a recurrent critic's state after the last step (lag 0's bootstrap)
         self.stop = stop
+        self.before_batch: Callable[[], None] | None = None
 
     def _stoppable(self, batches):
         for batch in batches:
             if self.stop is not None and self.stop.is_set():
                 raise Stopped
+            if self.before_batch is not None:
+                self.before_batch()
             yield batch
 
     def mini_batch_generator(self, num_mini_batches: int, num_epochs: int = 8):

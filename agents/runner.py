@@ -9,6 +9,8 @@ stop handling and telemetry.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
 import time
@@ -108,6 +110,44 @@ class StopRequests:
             raise Interrupted(self.signal_name)
 
 
+class UpdateThreads:
+    """torch's threads for PPO's update on a CPU. The env steps with the process's torch threads,
+    one fewer than the cores (a core simulates, `legion.api.setup_process`); an update with the
+    machine to itself (sync's; async's while the actor waits for it) takes ``agent.update_threads``,
+    0: ``OMP_NUM_THREADS`` where set (torchrun sets 1 per rank, the tests 1 per pytest worker),
+    else the cores this process may use over the ranks torchrun started on this machine
+    (BENCHMARKS.md: the update 1.8x faster on 2 cores). torch's setting is the calling thread's
+    (OpenMP), so the async learner's never reaches the actor's; the update's results do not depend
+    on it (MKL splits a product's rows and columns, not its sums: bit for bit the same, probed).
+    On a GPU it changes nothing."""
+
+    def __init__(self, cfg: Agent, device: str):
+        cores = os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)) // int(
+            os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.count = None if torch.device(device).type != "cpu" else cfg.update_threads or max(1, int(cores))
+        self._shared: int | None = None  # the process's torch threads, read on the first use
+
+    def use(self, alone: bool) -> None:
+        """This thread's torch threads: :attr:`count` if the update has the machine to itself, else
+        the process's."""
+        if self.count is None:
+            return
+        if self._shared is None:
+            self._shared = torch.get_num_threads()
+        count = self.count if alone else self._shared
+        if torch.get_num_threads() != count:
+            torch.set_num_threads(count)
+
+    @contextlib.contextmanager
+    def alone(self):
+        """An update with the machine to itself inside the block."""
+        self.use(alone=True)
+        try:
+            yield
+        finally:
+            self.use(alone=False)
+
+
 class Runner:
     """Synchronous PPO training on a VecEnv: collect a rollout, then update on it.
 
@@ -126,6 +166,7 @@ class Runner:
         self._stop = threading.Event()  # set by a stop request (and, async, by a worker's error)
         self.stop_requests = StopRequests(self._stop)
         self.ppo = build_ppo(env, cfg, device, RolloutBuffer(env, cfg.num_steps_per_env, device, self._stop), group)
+        self.update_threads = UpdateThreads(cfg, device)
         self.iteration = 0  # number of completed iterations (= policy version)
         world = group.world_size if group else 1
         self.log = TrainingLog(cfg.num_steps_per_env * env.num_envs * world, self.log_dir, cfg.log_interval, device,
@@ -369,7 +410,8 @@ class Runner:
                     # state (one copy) so a stop's checkpoint is exactly iteration k.
                     before_update = clone_tree(policy_state(ppo))
                     try:
-                        losses = ppo.update()
+                        with self.update_threads.alone():  # nothing else computes meanwhile
+                            losses = ppo.update()
                     except BaseException as e:
                         load_policy_state(ppo, before_update)
                         ppo.storage.clear()

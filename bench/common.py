@@ -8,7 +8,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("WARP_CACHE_PATH", str(ROOT / ".warp_cache"))
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 import warp as wp  # noqa: E402

@@ -421,6 +421,11 @@ class Agent:
     vtrace: VTrace = field(default_factory=VTrace)
     max_iterations: Optional[int] = 1500  # null: until stopped
     num_steps_per_env: int = 24
+    # device=cpu: torch threads of PPO's update once it has the machine to itself (sync's update;
+    # async's while the actor waits for it). 0: OMP_NUM_THREADS where set, else the cores this
+    # process may use over the ranks torchrun started on this machine. The env steps with the
+    # process's torch threads, one fewer than the cores (a core simulates).
+    update_threads: int = 0
     save_interval: int = 50  # checkpoint every N iterations (and at the end)
     save_every_minutes: Optional[float] = 10.0  # ... and every N minutes (null: off)
     keep_last: Optional[int] = 10  # checkpoints kept: the newest N (null: all) ...

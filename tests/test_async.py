@@ -63,6 +63,41 @@ def test_async_with_lag_0_equals_sync_bit_for_bit(networks):
     assert _no_worker_threads()
 
 
+def test_an_update_with_the_machine_to_itself_takes_every_core_and_learns_the_same():
+    """agent.update_threads: sync's update, and async's while the actor waits for it, runs with that
+    many torch threads; the env steps with the process's (1 under the tests); the weights come out
+    bit for bit those of one thread. Big enough mini-batches (512 x 512) that MKL splits them."""
+    sizes = ("sim.num_envs=256", "agent.actor.hidden_dims=[512,512]", "agent.critic.hidden_dims=[512,512]")
+    runners, seen = {}, {}
+    for name, overrides in (("sync, 1 thread", ("agent.mode=sync",)),
+                            ("sync, 2 threads", ("agent.mode=sync", "agent.update_threads=2")),
+                            ("async lag 0, 2 threads",
+                             ("agent.mode=async", "agent.max_policy_lag=0", "agent.update_threads=2"))):
+        runner = runners[name] = _runner(*sizes, *overrides)  # seeded: built and trained before the next
+        threads = seen[name] = {"update": set(), "batches": set(), "env": set()}
+        update, step = runner.ppo.update, runner.env.step
+        runner.ppo.update = lambda update=update, threads=threads: (threads["update"].add(torch.get_num_threads()),
+                                                                     update())[1]
+        runner.env.step = lambda actions, step=step, threads=threads: (threads["env"].add(torch.get_num_threads()),
+                                                                        step(actions))[1]
+        buffers = getattr(runner, "buffers", [runner.ppo.storage])
+        for buffer in buffers:
+            before = buffer.before_batch or (lambda: None)
+            buffer.before_batch = lambda before=before, threads=threads: (
+                before(), threads["batches"].add(torch.get_num_threads()))
+        runner.learn(3)
+        assert torch.get_num_threads() == 1, f"{name}: the main thread's torch threads came back changed"
+    assert seen["sync, 1 thread"] == {"update": {1}, "batches": {1}, "env": {1}}
+    assert seen["sync, 2 threads"] == {"update": {2}, "batches": {2}, "env": {1}}
+    # async: the learner's first mini-batch may begin before the actor waits (1 thread), then 2
+    assert 2 in seen["async lag 0, 2 threads"]["batches"] and seen["async lag 0, 2 threads"]["env"] == {1}
+    reference = runners["sync, 1 thread"].ppo
+    for name in ("sync, 2 threads", "async lag 0, 2 threads"):
+        for model in ("actor", "critic"):
+            a, b = getattr(reference, model).state_dict(), getattr(runners[name].ppo, model).state_dict()
+            assert all(torch.equal(a[k], b[k]) for k in a), f"{name}: {model}"
+
+
 @pytest.mark.parametrize("slow", ["learner", "actor"])
 def test_policy_lag_stays_bounded_with_a_slow_side(env, slow, capsys):
     runner = _runner("agent.mode=async", "agent.max_policy_lag=1", env=env)
