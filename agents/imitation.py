@@ -119,7 +119,8 @@ class ImitationRunner(Runner):
                     t1 = time.perf_counter()
                     if not len(self.obs):
                         raise ValueError("no labelled samples to learn from: give agent.imitation.demos or an expert.")
-                    loss = self._update()
+                    with self.update_threads.alone():  # nothing else computes meanwhile
+                        loss = self._update()
                     t2 = time.perf_counter()
                     self.iteration += 1
                     report = {**self.stats.end(), "iteration": self.iteration, "losses": {"imitation": loss},
