@@ -116,15 +116,19 @@ class UpdateThreads:
     machine to itself (sync's; async's while the actor waits for it) takes ``agent.update_threads``,
     0: ``OMP_NUM_THREADS`` where set (torchrun sets 1 per rank, the tests 1 per pytest worker),
     else the cores this process may use over the ranks torchrun started on this machine
-    (BENCHMARKS.md: the update 1.8x faster on 2 cores). torch's setting is the calling thread's
-    (OpenMP), so the async learner's never reaches the actor's; the update's results do not depend
-    on it (MKL splits a product's rows and columns, not its sums: bit for bit the same, probed).
+    (BENCHMARKS.md: the update 1.6-1.9x faster on 2 cores). torch's setting is the calling
+    thread's (OpenMP), so the async learner's never reaches the actor's; the update's results do
+    not depend on it (MKL splits a product's rows and columns, not its sums: tests/test_async.py).
     On a GPU it changes nothing."""
 
     def __init__(self, cfg: Agent, device: str):
-        cores = os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)) // int(
+        if cfg.update_threads < 0:
+            raise ValueError(f"agent.update_threads={cfg.update_threads}: give a thread count >= 1, or 0 for "
+                             "OMP_NUM_THREADS or else this machine's cores")
+        omp = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # "4" or a nested "4,2"
+        cores = int(omp) if omp.isdigit() else len(os.sched_getaffinity(0)) // int(
             os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        self.count = None if torch.device(device).type != "cpu" else cfg.update_threads or max(1, int(cores))
+        self.count = None if torch.device(device).type != "cpu" else cfg.update_threads or max(1, cores)
         self._shared: int | None = None  # the process's torch threads, read on the first use
 
     def use(self, alone: bool) -> None:

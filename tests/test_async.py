@@ -98,6 +98,11 @@ def test_an_update_with_the_machine_to_itself_takes_every_core_and_learns_the_sa
             assert all(torch.equal(a[k], b[k]) for k in a), f"{name}: {model}"
 
 
+def test_a_negative_update_thread_count_is_refused_by_name(env):
+    with pytest.raises(ValueError, match=r"agent.update_threads=-1: give a thread count >= 1"):
+        _runner("agent.update_threads=-1", env=env)
+
+
 @pytest.mark.parametrize("slow", ["learner", "actor"])
 def test_policy_lag_stays_bounded_with_a_slow_side(env, slow, capsys):
     runner = _runner("agent.mode=async", "agent.max_policy_lag=1", env=env)
