@@ -117,8 +117,7 @@ def measure(robot: str, num_envs: int, steps: int, chunk: int) -> dict:
     for backend, timed in envs.items():
         row[f"{backend} env-steps/s"] = steps * num_envs / sum(timed.env_s)
         row[f"{backend} physics world-steps/s"] = steps * num_envs * decimation / sum(timed.physics_s)
-    row["raw rollout world-steps/s"] = 0.0  # below
-    row["c / warp (env)"] = sum(envs["warp"].env_s) / sum(envs["c"].env_s)
+    warp_over_c = sum(envs["warp"].env_s) / sum(envs["c"].env_s)
     # The C backend and raw rollout, with nothing between them: a Warp env's turn leaves the caches
     # cold for the next (measured: the arm's C physics 25% slower after one), which training has not
     c = envs["c"]
@@ -128,6 +127,7 @@ def measure(robot: str, num_envs: int, steps: int, chunk: int) -> dict:
         c.run(actions[steps + start:steps + start + chunk])
         raw.run()
     row["raw rollout world-steps/s"] = steps * num_envs * decimation / sum(raw.seconds)
+    row["c / warp (env)"] = warp_over_c
     # Ratios of the same work, turn by turn: their median is immune to a turn the shared machine slowed
     row["c physics / raw"] = float(np.median(np.array(raw.seconds) / np.array(c.physics_s)))
     row["c env / physics"] = float(np.median(np.array(c.env_s) / np.array(c.physics_s)))

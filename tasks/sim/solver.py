@@ -730,7 +730,7 @@ def _compiled_specs(mujoco):
         mujoco.MjSpec.compile = compile_
 
 
-def _compiled_for_c(mujoco, spec, template, motors=(), contacts: bool = True):
+def _compiled_for_c(mujoco, spec, template, motors, contacts: bool):
     """``spec`` compiled again with a contact sensor on every body if ``contacts`` (net force of the
     body's contacts, world frame) and the DC motors of ``motors``, (joint, saturation effort) pairs
     (:class:`MuJoCoC`: two affine actuators each, the PD's clipped to the saturation, their gains
