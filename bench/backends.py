@@ -51,8 +51,9 @@ class Timed:
     def run(self, actions: torch.Tensor) -> None:
         self.physics_s.append(0.0)
         t = time.perf_counter()
-        for action in actions:
-            self.env.step(action)
+        with torch.inference_mode():  # as a rollout steps the env (its tensors then skip autograd's bookkeeping)
+            for action in actions:
+                self.env.step(action)
         self.env_s.append(time.perf_counter() - t)
 
 

@@ -8,13 +8,14 @@ import mujoco
 import numpy as np
 import pytest
 import torch
+import warp as wp
 from test_sim import QUAD, STAND_POSE
 from test_sim import stand as place_standing
 
 from conftest import make_env
 from legion.configs.schema import Robot, Scene
 from legion.sim2real.deploy.mujoco_robot import pd_torque
-from legion.tasks.sim import NewtonSim
+from legion.tasks.sim import NewtonSim, solver
 from legion.tasks.sim.solver import SOLVERS, MuJoCoC, adapter
 
 MASS = 22.472  # kg, tasks/assets/quadruped.xml
@@ -109,6 +110,62 @@ def test_per_world_parameters_reach_the_c_model():
     assert solver.world_model(1).body_mass[1] == pytest.approx(solver.mj_model.body_mass[1] + 5.0)
     assert solver.world_model(2).opt.gravity[2] == pytest.approx(-1.62)
     assert solver.world_model(0).body_mass[1] == solver.mj_model.body_mass[1]
+
+
+def test_the_compiled_loop_steps_the_worlds_bit_for_bit_as_the_python_loop(tmp_path, monkeypatch):
+    """The threads step their worlds with step_worlds.c (compiled at first use); where no C compiler
+    builds it, with the same calls from Python. Both give the same states, warm starts and contact
+    forces bit for bit, per-world parameters included; the fallback is announced, naming the fix."""
+    targets = STAND_POSE + 0.3 * torch.randn(10, 4, 12, generator=torch.Generator().manual_seed(1))
+    sims = [NewtonSim(num_envs=4, backend="c", **QUAD) for _ in range(2)]
+    assert sims[0].solver._loop is not None  # this machine has a C compiler (.ci/run installs gcc)
+    sims[1].solver._loop = None
+    for sim in sims:
+        sim.robot.body_mass[1, 0] += 5.0
+        sim.gravity[2] = torch.tensor([0.0, 0.0, -1.62])
+        sim.params_changed("body_mass", "gravity")
+        stand(sim, steps=5)
+        for target in targets:
+            sim.robot.joint_pos_target[:] = target
+            sim.step()
+    compiled, python = (sim.state_dict() for sim in sims)
+    assert compiled.keys() == python.keys() and "solver.states" in compiled
+    for name in compiled:
+        assert torch.equal(compiled[name], python[name]), name
+    assert compiled["contact_forces"].abs().max() > 10.0 and compiled["joint_qd"].abs().max() > 0.1
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setattr(wp.config, "kernel_cache_dir", str(tmp_path))  # nothing compiled there yet
+    solver._world_loop.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match=r"could not compile step_worlds.c .* Install a C compiler"):
+            assert NewtonSim(num_envs=2, backend="c", **QUAD).solver._loop is None
+    finally:
+        solver._world_loop.cache_clear()  # the next sim loads the compiled loop again
+
+
+def test_a_mujoco_error_in_the_compiled_loop_raises_naming_the_world():
+    """MuJoCo reports some errors by calling its error handler (without one it prints and exits the
+    process): inside step_worlds.c they raise mujoco.FatalError in Python, as the bindings' own
+    calls do, naming the world, and the process goes on. Twenty balls in a 20 kB arena overflow
+    MuJoCo's stack in their first step."""
+    balls = "".join(f'<body pos="{0.05 * i} 0 {0.1 + 0.05 * i}"><freejoint/><geom size=".1"/></body>'
+                    for i in range(20))
+    model = mujoco.MjModel.from_xml_string(f'<mujoco><size memory="20K"/><worldbody><geom type="plane" size="5 5 .1"/>'
+                                           f'{balls}</worldbody></mujoco>')
+    data = mujoco.MjData(model)
+    spec = int(mujoco.mjtState.mjSTATE_INTEGRATION)
+    states = np.zeros((3, mujoco.mj_stateSize(model, spec)))
+    mujoco.mj_getState(model, data, states[0], spec)
+    states[:] = states[0]
+    lib = solver._mujoco_library()
+    loop = solver._world_loop(lib)
+    nothing = np.zeros((3, 0))
+    with pytest.raises(mujoco.FatalError, match=r"world 1: mj_stackAlloc: out of memory"):
+        solver._step_in_c(loop, lib, model, data, model, states, spec, np.zeros(0), np.zeros(0, dtype=np.int64),
+                          nothing, nothing, range(1, 3), steps=2)
+    with pytest.raises(mujoco.FatalError, match="mj_stackAlloc"):  # the same step through the bindings
+        mujoco.mj_step(model, data)
 
 
 def test_the_c_backend_steps_dc_motors_as_newton_does(monkeypatch):

@@ -19,7 +19,11 @@ import copy
 import ctypes
 import dataclasses
 import functools
+import hashlib
 import math
+import os
+import subprocess
+import warnings
 from pathlib import Path
 
 import mujoco_warp as mjw
@@ -332,13 +336,16 @@ class MuJoCoC(MuJoCo):
     That step: each world's whole integration state (``mjSTATE_INTEGRATION``: time, positions,
     velocities, controls, applied forces and the solver's warm start) is a row of one float64
     array. One thread per core takes a contiguous share of the worlds and, with one MjData of its
-    own, sets a world's row, calls ``mj_step`` with ``nstep=steps`` and reads the row back
-    (ctypes into MuJoCo's library, and the bindings' ``mj_step``: both release the GIL, so the
-    threads run in parallel). This is ``mujoco.rollout``'s loop (as fast on one thread,
-    measured), with one thing rollout cannot do: give back the warm start, so a world's next
-    control step starts from its own last solution exactly as one MjData stepping alone would
-    (plain MuJoCo, `legion sim2sim`, a robot log replayed). A world's result depends on its own
-    row only: the thread schedule cannot change it (exact replay holds).
+    own, sets a world's row, calls ``mj_step`` ``steps`` times and reads the row back, all in one
+    call of a loop in C (step_worlds.c, compiled at first use; ctypes releases the GIL for the
+    call, so the threads run in parallel and never wait for each other between worlds). Where no
+    C compiler builds it, the thread makes the same calls from Python (the states bit for bit the
+    same, ~10% slower physics: each world's calls take the GIL in turn). This is
+    ``mujoco.rollout``'s loop (the compiled one faster than rollout, measured), with one thing
+    rollout cannot do: give back the warm start, so a world's next control step starts from its
+    own last solution exactly as one MjData stepping alone would (plain MuJoCo, `legion sim2sim`,
+    a robot log replayed). A world's result depends on its own row only: the thread schedule
+    cannot change it (exact replay holds).
 
     - Per-world parameters: each thread steps its worlds with one MjModel of its own. A field
       MuJoCo Warp holds per world (masses, inertias, friction, gains, gravity, ...) that
@@ -425,7 +432,8 @@ class MuJoCoC(MuJoCo):
         self._shares = [(t, range(bounds[t], bounds[t + 1])) for t in range(threads)]
         self._plan_writes()
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="mujoco")
-        self._lib = _mujoco_library(mujoco)
+        self._lib = _mujoco_library()
+        self._loop = _world_loop(self._lib)
         self._mj_step = mujoco.mj_step  # its nstep loop in C: one release of the GIL per world and control step
         self._overflows = 0
         self._full = (int(mujoco.mjtWarning.mjWARN_CNSTRFULL), int(mujoco.mjtWarning.mjWARN_CONTACTFULL))
@@ -643,11 +651,17 @@ class MuJoCoC(MuJoCo):
 
     def _step_worlds(self, share, steps: int) -> None:
         """One thread's worlds, each ``steps`` physics steps from its row of :attr:`states`, with
-        its per-world parameters written into the thread's model first."""
+        its per-world parameters written into the thread's model first: step_worlds.c's loop, or
+        where no C compiler built it, the same calls from Python."""
         thread, worlds = share
-        set_state, get_state, sensor_acc, copy_bytes = self._lib
-        mj_step, spec, (memory, slots), values = self._mj_step, self._spec, self._writes[thread], self._world_values
         model, data = self._thread_models[thread], self._datas[thread]
+        memory, slots = self._writes[thread]
+        if self._loop is not None:
+            _step_in_c(self._loop, self._lib, model, data, self.mj_model, self.states, self._spec, memory, slots,
+                       self._world_values, self.sensors, worlds, steps)
+            return
+        set_state, get_state, sensor_acc = self._lib.mj_setState, self._lib.mj_getState, self._lib.mj_sensorAcc
+        copy_bytes, mj_step, spec, values = ctypes.memmove, self._mj_step, self._spec, self._world_values
         m, d = model._address, data._address
         sensing = self.mj_model._address  # sensors on; they read the data only, not per-world fields
         row, row_bytes = self.states.ctypes.data, self.states.strides[0]
@@ -688,19 +702,81 @@ class MuJoCoC(MuJoCo):
         forces[:, self._sensor_slot] = -self._contact_readings.reshape(self.sim.num_envs, -1, 3)
 
 
-def _mujoco_library(mujoco) -> tuple:
-    """``mj_setState``, ``mj_getState`` and ``mj_sensorAcc`` of the library the ``mujoco``
-    package wraps, and ``memmove``, as ctypes functions taking raw addresses
+def _step_in_c(loop, lib, model, data, sensing, states: np.ndarray, spec: int, memory: np.ndarray,
+               slots: np.ndarray, values: np.ndarray, sensors: np.ndarray, worlds: range, steps: int) -> None:
+    """The worlds ``worlds`` stepped by step_worlds.c (:func:`_world_loop`) with ``model`` and
+    ``data``: each world's ``values`` scattered into ``memory`` at ``slots``, its row of ``states``
+    (``spec``) set, ``steps`` physics steps, the row read back, and where ``sensors`` has columns,
+    the sensors of ``sensing`` evaluated into the world's row. Raises ``mujoco.FatalError`` naming
+    the world where MuJoCo reported an error (the thread's data then reset)."""
+    import mujoco
+
+    functions = [ctypes.cast(f, ctypes.c_void_p).value for f in (lib.mj_setState, lib.mj_getState, lib.mj_step,
+                                                                  lib.mj_sensorAcc)]
+    failed = loop.step_worlds(
+        model._address, data._address, sensing._address, states.ctypes.data, states.shape[1], spec,
+        memory.ctypes.data, slots.ctypes.data, slots.size, values.ctypes.data,
+        sensors.ctypes.data, sensors.shape[1], data.sensordata.ctypes.data, *functions,
+        worlds.start, worlds.stop, steps)
+    if failed >= 0:
+        mujoco.mj_resetData(model, data)  # MuJoCo left it mid-step
+        raise mujoco.FatalError(f"world {failed}: {loop.last_error().decode()}")
+
+
+@functools.cache
+def _mujoco_library() -> ctypes.CDLL:
+    """The C library the ``mujoco`` package wraps, with ``mj_setState``, ``mj_getState``,
+    ``mj_sensorAcc`` and ``mj_step`` typed as ctypes functions taking raw addresses
     (``MjModel._address``)."""
+    import mujoco
+
     folder = Path(mujoco.__file__).parent
     lib = ctypes.CDLL(str(next(path for pattern in ("libmujoco.so*", "libmujoco*.dylib", "mujoco.dll")
                                for path in folder.glob(pattern))))
     pointer, spec = ctypes.c_void_p, ctypes.c_int
     lib.mj_setState.argtypes = lib.mj_getState.argtypes = [pointer, pointer, pointer, spec]
-    lib.mj_sensorAcc.argtypes = [pointer, pointer]
-    for function in (lib.mj_setState, lib.mj_getState, lib.mj_sensorAcc):
+    lib.mj_sensorAcc.argtypes = lib.mj_step.argtypes = [pointer, pointer]
+    for function in (lib.mj_setState, lib.mj_getState, lib.mj_sensorAcc, lib.mj_step):
         function.restype = None
-    return lib.mj_setState, lib.mj_getState, lib.mj_sensorAcc, ctypes.memmove
+    return lib
+
+
+@functools.cache
+def _world_loop(mujoco_library: ctypes.CDLL):
+    """step_worlds.c's ``step_worlds`` as a ctypes function, compiled once per source with the
+    system's C compiler (``$CC``, else ``cc``) into Warp's kernel cache; None, with a warning, where
+    none compiles it (the threads then run the same loop in Python, ~10% slower physics). Its
+    ``on_error`` becomes MuJoCo's error handler where the process has none, so that an error inside
+    MuJoCo (an arena too small, ...) raises in Python as with the bindings, not exits."""
+    source = Path(__file__).with_name("step_worlds.c")
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    assert wp.config.kernel_cache_dir is not None  # set by wp.init, before any Warp array exists
+    library = Path(wp.config.kernel_cache_dir) / "legion" / f"step_worlds_{digest}.so"
+    if not library.exists():
+        compiler = os.environ.get("CC") or "cc"
+        library.parent.mkdir(parents=True, exist_ok=True)
+        building = library.with_suffix(f".{os.getpid()}.tmp")  # processes compiling at once: each its own file
+        try:
+            subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(building), str(source)], check=True,
+                           capture_output=True, text=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            reason = getattr(e, "stderr", None) or str(e)
+            warnings.warn(f"sim.backend=c: {compiler} could not compile {source.name} ({reason.strip()[:300]}); the "
+                          "threads step the worlds in Python, ~10% slower physics. Install a C compiler (Debian: "
+                          "apt install gcc libc6-dev) or name one in $CC.", stacklevel=2)
+            return None
+        os.replace(building, library)
+    loop = ctypes.CDLL(str(library))
+    pointer, size = ctypes.c_void_p, ctypes.c_longlong
+    loop.step_worlds.argtypes = [pointer, pointer, pointer, pointer, size, ctypes.c_int, pointer, pointer, size,
+                                 pointer, pointer, size, pointer, pointer, pointer, pointer, pointer, size, size,
+                                 ctypes.c_int]
+    loop.step_worlds.restype = size
+    loop.last_error.restype = ctypes.c_char_p
+    handler = ctypes.c_void_p.in_dll(mujoco_library, "mju_user_error")
+    if handler.value is None:
+        handler.value = ctypes.cast(loop.on_error, ctypes.c_void_p).value
+    return loop
 
 
 def _record(device: str, function, *args) -> wp.Graph:
