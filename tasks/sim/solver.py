@@ -604,7 +604,7 @@ class MuJoCoC(MuJoCo):
             # back (rounded): keep the state as given, so that the first step of a sim, fresh or
             # restored from a checkpoint, starts from it exactly.
             kept = [(array, wp.clone(array)) for array in (state.joint_q, state.joint_qd, state.body_q, state.body_qd)]
-            record = functools.partial(_record, self.sim.device)
+            record = functools.partial(record_graph, self.sim.device)
             self._graphs = {"push": record(self._push, state, control), "pull": record(self._pull, state),
                             "push_control": record(self._push_control, state, control),
                             "pull_coordinates": record(self._pull_coordinates, state)}
@@ -779,7 +779,7 @@ def _world_loop(mujoco_library: ctypes.CDLL):
     return loop
 
 
-def _record(device: str, function, *args) -> wp.Graph:
+def record_graph(device: str, function, *args) -> wp.Graph:
     """``function(*args)`` run once (Warp loads its kernels), then recorded as a Warp graph."""
     function(*args)
     with wp.ScopedCapture(device=device) as capture:
