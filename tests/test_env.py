@@ -63,6 +63,27 @@ def test_observation_terms_and_layout(quadruped_env):
     assert joint_vel["func"] == "joint_vel" and joint_vel["params"]["joints"] == list(range(12))  # resolved once
 
 
+def test_a_term_in_both_groups_is_computed_once_and_each_group_adds_its_own_noise(quadruped_env):
+    """The policy's and the critic's base_lin_vel are one call per step; the policy's noise stays its own."""
+    env, calls = quadruped_env, []
+    terms = [next(t for t in env.observation_manager.terms[group] if t.name == "base_lin_vel")
+             for group in ("policy", "critic")]
+    for term in terms:
+        term.func = lambda env, func=term.func: calls.append(func) or func(env)
+    try:
+        obs = env.refresh_observations()
+        assert len(calls) == 1
+        truth = 2.0 * env.robot.root_lin_vel_b  # the scale of both
+        assert torch.equal(obs["critic"][:, :3], truth)
+        assert 0.0 < (obs["policy"][:, :3] - truth).abs().max() <= 2.0 * 0.1  # noise 0.1, scaled
+        env.noise_enabled = False
+        assert torch.equal(env.refresh_observations()["policy"][:, :3], truth)
+    finally:
+        env.noise_enabled = True
+        for term in terms:
+            term.func = term.func.__defaults__[0]
+
+
 def _settle(env, steps=75):
     for _ in range(steps):
         env.step(torch.zeros(env.num_envs, 12))

@@ -8,6 +8,10 @@ the term's own units, times the term's per-env ``noise_scale`` (the ``obs_noise_
 while ``env.noise_enabled``; ``clip`` before ``scale``. The layout (where each term sits in its
 group, its size and modifiers) is measured once, for export metadata: the one definition of what
 the policy sees, from the training env to the robot.
+
+A term is a function of the state: one in several groups with the same params (the policy's and
+the critic's ``base_lin_vel``) is computed once per step, each group adding its own noise, clip
+and scale.
 """
 
 from __future__ import annotations
@@ -32,21 +36,23 @@ class ObservationManager:
                     for name, term in terms.items() if term.enabled]
             for group, terms in cfg.items()
         }
+        self._keys = {group: [_same_value(term) for term in terms] for group, terms in self.terms.items()}
 
     def compute(self) -> TensorDict:
         """Every group's observation from the current state: a TensorDict of (num_envs, D_group) tensors."""
         env = self.env
-        groups = {}
+        groups, values = {}, {}
         for group, terms in self.terms.items():
             parts = []
-            for term in terms:
-                value = term(env)
+            for term, key in zip(terms, self._keys[group]):
+                # A term in several groups (the policy's and the critic's) is computed once
+                value = values[key] if key in values else values.setdefault(key, term(env))
                 if term.noise and env.noise_enabled:
                     assert term.noise_scale is not None  # mdp.resolve gives every noisy term one
                     value = value + env.uniform(-term.noise, term.noise, value.shape) * term.noise_scale
                 if term.clip is not None:
                     value = value.clamp(-term.clip, term.clip)
-                parts.append(value * term.scale)
+                parts.append(value if isinstance(term.scale, float) and term.scale == 1.0 else value * term.scale)
             groups[group] = torch.cat(parts, dim=-1)
         return TensorDict(groups, batch_size=[env.num_envs], device=env.device)
 
@@ -65,3 +71,11 @@ class ObservationManager:
                 start += size
             layout[group] = entries
         return layout
+
+
+def _same_value(term) -> tuple:
+    """What makes two terms' values the same (observation terms are functions of the state): the
+    function and its bound params, index tensors by their values."""
+    params = tuple((name, (tuple(value.shape), tuple(value.flatten().tolist())) if isinstance(value, torch.Tensor)
+                    else repr(value)) for name, value in sorted(term.params.items()))
+    return term.func, params
