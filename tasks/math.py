@@ -18,14 +18,11 @@ def quat_from_yaw(yaw: torch.Tensor) -> torch.Tensor:
 
 def quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Hamilton product ``a * b`` of (..., 4) quaternions: rotation ``b`` first, then ``a``."""
-    ax, ay, az, aw = a.unbind(-1)
-    bx, by, bz, bw = b.unbind(-1)
-    return torch.stack([
-        aw * bx + ax * bw + ay * bz - az * by,
-        aw * by - ax * bz + ay * bw + az * bx,
-        aw * bz + ax * by - ay * bx + az * bw,
-        aw * bw - ax * bx - ay * by - az * bz,
-    ], dim=-1)
+    # In vector form (a_w b + b_w a + a x b, a_w b_w - a . b): a third of the per-component form's
+    # tensor operations, which is what the env's step costs on a CPU at a few hundred envs.
+    av, aw, bv, bw = a[..., :3], a[..., 3:], b[..., :3], b[..., 3:]
+    return torch.cat([aw * bv + bw * av + torch.cross(av, bv, dim=-1),
+                      aw * bw - (av * bv).sum(-1, keepdim=True)], dim=-1)
 
 
 def quat_rotate(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -33,11 +30,6 @@ def quat_rotate(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     xyz, w = q[..., :3], q[..., 3:4]
     t = 2.0 * torch.cross(xyz, v, dim=-1)
     return v + w * t + torch.cross(xyz, t, dim=-1)
-
-
-def quat_conjugate(q: torch.Tensor) -> torch.Tensor:
-    """The inverse rotation of unit quaternions (..., 4)."""
-    return torch.cat([-q[..., :3], q[..., 3:]], dim=-1)
 
 
 def quat_from_euler_xyz(roll: torch.Tensor, pitch: torch.Tensor, yaw: torch.Tensor) -> torch.Tensor:
@@ -56,5 +48,7 @@ def quat_from_euler_xyz(roll: torch.Tensor, pitch: torch.Tensor, yaw: torch.Tens
 def quat_error_magnitude(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """(...,) angle [rad] of the rotation between orientations ``a`` and ``b`` (..., 4), in [0, pi]
     whichever sign either quaternion has."""
-    d = quat_mul(quat_conjugate(a), b)
-    return 2.0 * torch.atan2(torch.norm(d[..., :3], dim=-1), torch.abs(d[..., 3]))
+    # The rotation conj(a) * b, in vector form: its axis part and (a . b) its scalar part
+    av, aw, bv, bw = a[..., :3], a[..., 3:], b[..., :3], b[..., 3:]
+    axis = aw * bv - bw * av - torch.cross(av, bv, dim=-1)
+    return 2.0 * torch.atan2(torch.linalg.vector_norm(axis, dim=-1), (a * b).sum(-1).abs())

@@ -27,39 +27,39 @@ class RewardManager:
 
     Attributes:
         terms: the resolved :class:`~legion.tasks.mdp.Term`\\ s of non-zero weight, in config order.
-        episode_sums: per term, (num_envs,) its sum over each env's current episode.
+        sums: (terms, num_envs) each term's sum over each env's current episode.
+        episode_sums: per term name, its row of ``sums``.
     """
 
     def __init__(self, env, cfg: dict, only_positive: bool = False):
         self.env, self.only_positive = env, only_positive
         self.terms = [mdp.resolve(env, "rewards", name, term) for name, term in cfg.items() if term.weight != 0.0]
-        self.episode_sums = {t.name: torch.zeros(env.num_envs, device=env.device) for t in self.terms}
+        # One (terms, num_envs) tensor, so that a step adds to every sum, and a reset clears them, at once
+        self.sums = torch.zeros(len(self.terms), env.num_envs, device=env.device)
+        self.episode_sums = {t.name: sums for t, sums in zip(self.terms, self.sums)}
 
     def compute(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """This step's reward (num_envs,) and each term's value (num_envs,) by name (weight and
         control dt included), added to the episode sums."""
         env = self.env
-        total = torch.zeros(env.num_envs, device=env.device)
-        values = {}
-        for term in self.terms:
-            value = values[term.name] = term(env) * (term.weight * env.step_dt)
-            self.episode_sums[term.name] += value
-            total += value
+        if not self.terms:
+            return torch.zeros(env.num_envs, device=env.device), {}
+        values = torch.stack([term(env) * (term.weight * env.step_dt) for term in self.terms])
+        self.sums += values
+        total = values.sum(dim=0)
         if self.only_positive:
             # legged_gym's remedy for early training: with a negative total per step, ending the
             # episode (falling on purpose) would be the best policy.
             total.clamp_(min=0.0)
-        return total, values
+        return total, dict(zip(self.episode_sums, values.unbind()))
 
     def reset(self, mask: torch.Tensor, finished: torch.Tensor) -> dict[str, torch.Tensor]:
         """Starts new episodes in ``mask`` (num_envs,) bool; returns ``Episode_Reward/<term>``: the
         sum over the ``finished`` episodes of each one's reward per second (of the full episode length)."""
         seconds = self.env.max_episode_length * self.env.step_dt
-        ended = {f"Episode_Reward/{name}": (sums * finished).sum() / seconds
-                 for name, sums in self.episode_sums.items()}
-        for sums in self.episode_sums.values():
-            sums.masked_fill_(mask, 0.0)
-        return ended
+        ended = ((self.sums * finished).sum(dim=1) / seconds).unbind()
+        self.sums.masked_fill_(mask, 0.0)
+        return {f"Episode_Reward/{name}": value for name, value in zip(self.episode_sums, ended)}
 
 
 class ContactTimers:
