@@ -134,14 +134,13 @@ def test_the_compiled_loop_steps_the_worlds_bit_for_bit_as_the_python_loop(tmp_p
         assert torch.equal(compiled[name], python[name]), name
     assert compiled["contact_forces"].abs().max() > 10.0 and compiled["joint_qd"].abs().max() > 0.1
 
+    # A process that has not loaded the loop yet, with no compiler and nothing compiled
+    monkeypatch.setattr(solver, "_WORLD_LOOP", None)
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setattr(wp.config, "kernel_cache_dir", str(tmp_path))  # nothing compiled there yet
-    solver._world_loop.cache_clear()
-    try:
-        with pytest.warns(UserWarning, match=r"could not compile step_worlds.c .* Install a C compiler"):
-            assert NewtonSim(num_envs=2, backend="c", **QUAD).solver._loop is None
-    finally:
-        solver._world_loop.cache_clear()  # the next sim loads the compiled loop again
+    monkeypatch.setattr(wp.config, "kernel_cache_dir", str(tmp_path))
+    with pytest.warns(UserWarning, match=r"could not compile step_worlds.c .* Install a C compiler"):
+        assert NewtonSim(num_envs=2, backend="c", **QUAD).solver._loop is None
+    assert solver._WORLD_LOOP is False  # tried once per process
 
 
 def test_a_mujoco_error_in_the_compiled_loop_raises_naming_the_world():

@@ -25,6 +25,7 @@ import os
 import subprocess
 import warnings
 from pathlib import Path
+from typing import Literal
 
 import mujoco_warp as mjw
 import numpy as np
@@ -741,31 +742,42 @@ def _mujoco_library() -> ctypes.CDLL:
     return lib
 
 
-@functools.cache
-def _world_loop(mujoco_library: ctypes.CDLL):
-    """step_worlds.c's ``step_worlds`` as a ctypes function, compiled once per source with the
-    system's C compiler (``$CC``, else ``cc``) into Warp's kernel cache; None, with a warning, where
-    none compiles it (the threads then run the same loop in Python, ~10% slower physics). Its
-    ``on_error`` becomes MuJoCo's error handler where the process has none, so that an error inside
-    MuJoCo (an arena too small, ...) raises in Python as with the bindings, not exits."""
+# step_worlds.c's library once loaded (False: it would not compile). One copy per process: MuJoCo's
+# error handler is a function of it, which finds the loop to return to in that copy's variables.
+_WORLD_LOOP: ctypes.CDLL | Literal[False] | None = None
+
+
+def _world_loop(mujoco_library: ctypes.CDLL) -> ctypes.CDLL | None:
+    """step_worlds.c as a ctypes library, compiled once per source with the system's C compiler
+    (``$CC``, else ``cc``) into Warp's kernel cache and loaded once per process; None, with a
+    warning, where none compiles it (the threads then run the same loop in Python, ~10% slower
+    physics). Its ``on_error`` becomes MuJoCo's error handler where the process has none, so that
+    an error inside MuJoCo (an arena too small, ...) raises in Python as with the bindings, not exits."""
+    global _WORLD_LOOP
+    if _WORLD_LOOP is None:
+        _WORLD_LOOP = _load_world_loop(mujoco_library) or False
+    return _WORLD_LOOP or None
+
+
+def _load_world_loop(mujoco_library: ctypes.CDLL) -> ctypes.CDLL | None:
     source = Path(__file__).with_name("step_worlds.c")
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
     assert wp.config.kernel_cache_dir is not None  # set by wp.init, before any Warp array exists
     library = Path(wp.config.kernel_cache_dir) / "legion" / f"step_worlds_{digest}.so"
     if not library.exists():
         compiler = os.environ.get("CC") or "cc"
-        library.parent.mkdir(parents=True, exist_ok=True)
         building = library.with_suffix(f".{os.getpid()}.tmp")  # processes compiling at once: each its own file
         try:
+            library.parent.mkdir(parents=True, exist_ok=True)
             subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(building), str(source)], check=True,
                            capture_output=True, text=True)
+            os.replace(building, library)
         except (OSError, subprocess.CalledProcessError) as e:
             reason = getattr(e, "stderr", None) or str(e)
             warnings.warn(f"sim.backend=c: {compiler} could not compile {source.name} ({reason.strip()[:300]}); the "
                           "threads step the worlds in Python, ~10% slower physics. Install a C compiler (Debian: "
-                          "apt install gcc libc6-dev) or name one in $CC.", stacklevel=2)
+                          "apt install gcc libc6-dev) or name one in $CC.", stacklevel=3)
             return None
-        os.replace(building, library)
     loop = ctypes.CDLL(str(library))
     pointer, size = ctypes.c_void_p, ctypes.c_longlong
     loop.step_worlds.argtypes = [pointer, pointer, pointer, pointer, size, ctypes.c_int, pointer, pointer, size,
