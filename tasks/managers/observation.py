@@ -45,8 +45,9 @@ class ObservationManager:
         for group, terms in self.terms.items():
             parts = []
             for term, key in zip(terms, self._keys[group]):
-                # A term in several groups (the policy's and the critic's) is computed once
-                value = values[key] if key in values else values.setdefault(key, term(env))
+                if key not in values:  # a term in several groups (the policy's and the critic's): once
+                    values[key] = term(env)
+                value = values[key]
                 if term.noise and env.noise_enabled:
                     assert term.noise_scale is not None  # mdp.resolve gives every noisy term one
                     value = value + env.uniform(-term.noise, term.noise, value.shape) * term.noise_scale
