@@ -110,6 +110,9 @@ def lockstep_errors(env, actor, runtime, robot_state, steps: int = 15) -> dict:
     with torch.inference_mode():
         env.reset()
         runtime.reset()
+        # The runtime acts at once (on a robot, the latency is the robot's): world 0 without the
+        # action delay a task may randomize
+        env.action.delay[0] = 0
         obs = env.get_observations()
         for _ in range(steps):
             state, command = robot_state(env), env.command.value[0].numpy()

@@ -370,7 +370,8 @@ def test_arm_policies_export_and_the_edge_runtime_acts_as_the_env(exported):
         env.action.scale = scale
     limits = env.robot.joint_limits[env.action.joint_ids].numpy()
     targets = env.robot.joint_pos_target[0, env.action.joint_ids].numpy()
-    assert max(errors.values()) <= 1e-5, errors
+    # (the targets within 100x the float rounding of an action, ~2e-7, times the 100x scale)
+    assert errors["obs"] <= 1e-5 and errors["action"] <= 1e-5 and errors["target"] <= 1e-4, errors
     assert np.isclose(targets[:, None], limits).any(axis=1).sum() >= 3  # most actions ask for more than the range
 
 

@@ -128,10 +128,11 @@ def test_a_push_changes_the_base_velocity_by_the_drawn_amount_at_the_drawn_time(
         at = int(due[k]) - 1
         assert torch.allclose(jumps[at, k], pushes[k], atol=0.01), (k, jumps[at, k], pushes[k])
         assert jumps[30:at, k].abs().max() < 0.01  # standing still until then
-    # The pushed robots then move the way they were pushed.
+    # The pushed robots then move the way they were pushed (where the push is more than the few
+    # millimetres of drift from settling after the drop: 0.07 m/s moved one -1 mm).
     moved = env.robot.root_pos_w[:, :2] - env.robot.default_root_pose[:, :2]
-    early = due < due.max() - 3
-    assert (torch.sign(moved[early]) == torch.sign(pushes[early])).all()
+    strong = (due < due.max() - 3)[:, None] & (pushes.abs() > 0.3)
+    assert strong.any() and (torch.sign(moved[strong]) == torch.sign(pushes[strong])).all()
 
 
 def test_draws_differ_across_envs_stay_in_range_reproduce_with_the_seed_and_reach_the_graph():
