@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from tensordict import TensorDict
+from torch.autograd.graph import increment_version
 
 
 class CapturedStep:
@@ -61,6 +62,11 @@ class CapturedStep:
             self._capture()
         assert self.graph is not None and self.outputs is not None  # both set by _capture
         self.graph.replay()
+        # The replay wrote the worlds' state and the commands behind torch's back: their version
+        # counters bumped as an eager step's writes would, so what is cached on them is recomputed.
+        env.sim.wrote_state()
+        if env.command is not None:
+            increment_version(env.command.value)
         obs, rewards, dones, extras = self.outputs
         # Copies: the next replay overwrites the graph's outputs, and a rollout keeps a step's
         # observations (also those get_observations() gives) until after the next step.

@@ -1,9 +1,9 @@
 """The batched env: rsl-rl's VecEnv over a :class:`legion.tasks.sim.NewtonSim`, composed from terms.
 
 One control step is: apply the action, run ``decimation`` physics steps (one Warp graph),
-advance commands, contact timers and the task's success, evaluate terminations and rewards,
-reset the finished worlds, fire the interval events (pushes, ...), and compute the observations
-of every group.
+advance the contact timers, evaluate terminations, the task's success and rewards, run down the
+command's timer, reset the finished worlds (new commands for them and wherever the timer ran
+out), fire the interval events (pushes, ...), and compute the observations of every group.
 Everything is a batched tensor operation over all environments; nothing loops over
 environments in Python, no term looks a name up, and nothing is read back to the host while the
 env steps: finished worlds are reset by mask (every reset operation leaves the other worlds
@@ -202,15 +202,16 @@ class LegionEnv(VecEnv):
         self.episode_length_buf += 1
         if self.contacts is not None:
             self.contacts.step(self.step_dt)
-        if self.success is not None:
-            self.success.step()
         # The share of worlds whose solver stopped at a limit this step (device tensors: no sync).
         limits = self.sim.solver_limits / self.num_envs
         self.extras = {"log": {f"Solver/{name}_fraction": value for name, value in zip(SOLVER_LIMITS, limits)}}
-        # (A world whose physics diverged ends here, its state zeroed before rewards read it.)
+        # (A world whose physics diverged ends here, its state zeroed before success and rewards read it.)
         self.terminated, self.time_outs = self.termination_manager.compute(self.extras["log"])
+        if self.success is not None:
+            self.success.step()
         rewards, self.reward_values = self.reward_manager.compute()
-        # New commands only now: success and rewards above judged the command the policy saw.
+        # The command's timer runs down only now (the new commands come with the resets below):
+        # success and rewards above judged the command the policy saw.
         self.command_manager.step()
         dones = self.terminated | self.time_outs
         self._reset(dones)
@@ -281,6 +282,8 @@ class LegionEnv(VecEnv):
                     walk(value, f"{path}[{i}]", None)
             elif type(obj).__module__.startswith("legion.") and hasattr(obj, "__dict__"):
                 for name, value in vars(obj).items():
+                    if name == "_cache":  # values recomputed on demand, not state
+                        continue
                     walk(value, f"{path}.{name}", functools.partial(setattr, obj, name))
 
         for name, value in vars(self).items():

@@ -32,17 +32,22 @@ def quat_rotate(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return v + w * t + torch.cross(xyz, t, dim=-1)
 
 
-def quat_from_euler_xyz(roll: torch.Tensor, pitch: torch.Tensor, yaw: torch.Tensor) -> torch.Tensor:
-    """(..., 4) quaternions of the rotation R = Rz(yaw) Ry(pitch) Rx(roll) (angles [rad] about the
-    fixed x, then y, then z axes), with w >= 0 so that one rotation has one quaternion."""
-    cr, sr = torch.cos(roll / 2), torch.sin(roll / 2)
-    cp, sp = torch.cos(pitch / 2), torch.sin(pitch / 2)
-    cy, sy = torch.cos(yaw / 2), torch.sin(yaw / 2)
-    q = torch.stack([sr * cp * cy - cr * sp * sy,
-                     cr * sp * cy + sr * cp * sy,
-                     cr * cp * sy - sr * sp * cy,
-                     cr * cp * cy + sr * sp * sy], dim=-1)
-    return torch.where(q[..., 3:4] < 0, -q, q)
+def quat_from_euler_xyz(angles: torch.Tensor, near: torch.Tensor | None = None) -> torch.Tensor:
+    """(..., 4) quaternions of the rotation R = Rz(yaw) Ry(pitch) Rx(roll), ``angles`` (..., 3) the
+    roll, pitch and yaw [rad] (about the fixed x, then y, then z axes), each the one of q and -q
+    nearer ``near`` (:func:`quat_near`), so that one rotation has one quaternion."""
+    half = angles / 2
+    (cr, cp, cy), (sr, sp, sy) = torch.cos(half).unbind(-1), torch.sin(half).unbind(-1)
+    cc, ss, cs, sc = cr * cp, sr * sp, cr * sp, sr * cp  # roll's and pitch's products, each used twice
+    q = torch.stack([sc * cy - cs * sy, cs * cy + sc * sy, cc * sy - ss * cy, cc * cy + ss * sy], dim=-1)
+    return quat_near(q, near)
+
+
+def quat_near(q: torch.Tensor, near: torch.Tensor | None = None) -> torch.Tensor:
+    """``q`` (..., 4) or ``-q`` (the same rotation), whichever is nearer the orientation ``near``
+    (4,); without one, the one with w >= 0 (nearer the identity)."""
+    dot = q[..., 3:4] if near is None else (q * near).sum(-1, keepdim=True)
+    return torch.where(dot < 0, -q, q)
 
 
 def quat_error_magnitude(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -233,7 +233,8 @@ def carried_state(env) -> dict[str, object]:
         elif type(obj).__module__.startswith("legion."):
             seen.add(id(obj))
             for key, value in vars(obj).items():
-                if not (obj is env and key in STEP_OUTPUTS):
+                # (a _cache holds values computed from the state, recomputed when it changes: not carried)
+                if not (obj is env and key in STEP_OUTPUTS) and key != "_cache":
                     visit(value, f"{path}.{key}")
 
     visit(env, "env")

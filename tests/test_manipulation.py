@@ -254,6 +254,46 @@ def test_a_step_is_judged_on_the_command_its_action_saw_and_redraws_it_after():
     assert redrawn == 3 * 4  # at steps 2, 4 and 6, in every env
 
 
+def test_the_pose_errors_are_computed_once_per_state_and_follow_every_write(still_reach):
+    """Success and the rewards read one computation of each error per state (a cache keyed on the
+    torch version counters of the bodies' state and of the command), and every write of either is
+    seen: a step and a reset (Warp and MuJoCo write behind torch's back), a body pose written
+    through a view, a new command."""
+    from legion.tasks.math import quat_error_magnitude, quat_mul, quat_rotate
+
+    env = still_reach
+    env.reset()
+    command, robot, tcp = env.command, env.robot, env.robot.find_bodies("tcp")[0]
+
+    def computed_now() -> tuple[torch.Tensor, torch.Tensor]:
+        base_pos, base_quat = robot.body_pos_w[:, 0], robot.body_quat_w[:, 0]
+        target_pos = base_pos + quat_rotate(base_quat, command.value[:, :3])
+        target_quat = quat_mul(base_quat, command.value[:, 3:])
+        return (torch.norm(robot.body_pos_w[:, tcp] - target_pos, dim=-1),
+                quat_error_magnitude(robot.body_quat_w[:, tcp], target_quat))
+
+    def assert_current() -> None:
+        position, orientation = computed_now()
+        assert torch.allclose(command.position_error(), position, atol=1e-6)
+        assert torch.allclose(command.orientation_error(), orientation, atol=1e-6)
+
+    errors = command.position_error(), command.orientation_error()
+    assert command.position_error() is errors[0] and command.orientation_error() is errors[1]  # computed once
+    assert_current()
+    env.action.apply(torch.ones(4, env.num_actions) * 0.5)
+    env.sim.step()  # the arm moves (MuJoCo and Warp write the state): the errors change
+    assert not torch.allclose(command.position_error(), errors[0])
+    assert_current()
+    robot.body_pos_w[:, tcp] += torch.tensor([0.05, 0.0, 0.0])  # a torch write through a view
+    assert_current()
+    env.command.hold(tcp_pose(env))  # a new command, where the tcp is (the base frame is the world's)
+    assert command.position_error().abs().max() < 1e-6 and command.orientation_error().abs().max() < 1e-3
+    robot.joint_pos[:] = robot.default_joint_pos
+    env.sim.reset(torch.ones(4, dtype=torch.bool))  # forward kinematics (Warp) puts the tcp back at home
+    assert_current()
+    env.command.release()
+
+
 def test_bad_command_configs_name_the_fix():
     with pytest.raises(ValueError, match=r"task.command.ranges: a pose command takes .*missing: \['pos_z'\]"):
         make_env("task=arm_reach", "sim.num_envs=1", "~task.command.ranges.pos_z")

@@ -32,11 +32,13 @@ class CommandManager:
             self.command = mdp.COMMANDS[cfg.type](env, cfg)
 
     def reset(self, mask: torch.Tensor) -> None:
-        """New commands for the envs starting an episode, ``mask`` (num_envs,) bool."""
+        """New commands for the envs starting an episode, ``mask`` (num_envs,) bool, and for those
+        whose timer ran out."""
         if self.command is not None:
             self.command.resample(mask)
 
     def step(self) -> None:
-        """One control step on the command's timer: the envs whose time is up draw a new one."""
+        """One control step on the command's timer (the envs whose time is up draw a new command
+        at the :meth:`reset` that follows in the env's step)."""
         if self.command is not None:
             self.command.step()

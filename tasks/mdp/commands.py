@@ -5,9 +5,38 @@ episode start and every ``resampling_time_s``; :meth:`UniformCommand.hold` fixes
 sim-to-sim). Nothing is read back to the host: resampling is by mask.
 """
 
+import functools
+
 import torch
 
-from legion.tasks.math import quat_error_magnitude, quat_from_euler_xyz, quat_mul, quat_rotate, quat_rotate_inverse
+from legion.tasks.math import (
+    quat_error_magnitude,
+    quat_from_euler_xyz,
+    quat_mul,
+    quat_near,
+    quat_rotate,
+    quat_rotate_inverse,
+)
+
+
+def _once_per_state(method):
+    """``method(self)`` of a command, cached until the worlds' body poses or the command change
+    (their torch version counters: a torch write bumps them, and NewtonSim does where Warp or
+    MuJoCo write the state). The success, the rewards and the evaluation ask for the same errors
+    several times a step, each a dozen tensor operations: on a CPU, most of a reach task's step."""
+
+    @functools.wraps(method)
+    def cached(self):
+        body_q = self.env.sim.body_q
+        if body_q.is_inference() or self.value.is_inference():  # made in inference mode: no version counters
+            return method(self)
+        key = (body_q._version, self.value._version)
+        hit = self._cache.get(method.__name__)
+        if hit is None or hit[0] != key:
+            hit = self._cache[method.__name__] = (key, method(self))
+        return hit[1]
+
+    return cached
 
 
 class UniformCommand:
@@ -42,23 +71,25 @@ class UniformCommand:
 
     def sample(self) -> torch.Tensor:
         """(num_envs, dim) fresh commands for every env (the caller keeps those it needs)."""
-        low, high = self.ranges[:, 0], self.ranges[:, 1]
-        return low + (high - low) * self.env.uniform(0.0, 1.0, (self.env.num_envs, len(self.COMPONENTS)))
+        low, high = self.ranges.unbind(1)
+        env = self.env
+        return torch.lerp(low, high, torch.rand(env.num_envs, len(low), generator=env.generator, device=env.device))
 
     def resample(self, mask: torch.Tensor) -> None:
-        """New commands for the envs in ``mask`` (num_envs,) bool."""
+        """New commands for the envs in ``mask`` (num_envs,) bool, and for those whose time is up."""
         if self.held:
             return
-        self.value[:] = torch.where(mask[:, None], self.sample(), self.value)
+        mask = mask | (self.steps_left <= 0)
+        torch.where(mask[:, None], self.sample(), self.value, out=self.value)
         # In place: a rollout steps in inference mode, and a replaced tensor could not be updated outside it.
-        self.steps_left.copy_(torch.where(mask, self.resampling_steps, self.steps_left))
+        self.steps_left.masked_fill_(mask, self.resampling_steps)
 
     def step(self) -> None:
-        """Counts down one control step and resamples the envs whose time is up."""
-        if self.held:
-            return
-        self.steps_left -= 1
-        self.resample(self.steps_left <= 0)
+        """Counts down one control step; the envs whose time is up draw at the next :meth:`resample`
+        (the env's step resamples once, for those and the envs it resets: a draw is most of the
+        command's cost on a CPU)."""
+        if not self.held:
+            self.steps_left -= 1
 
     def hold(self, value) -> None:
         """Fixes the commands at ``value`` ((dim,) for every env, or (num_envs, dim)) until
@@ -118,6 +149,7 @@ class PositionCommand(UniformCommand):
             raise ValueError(f"task.command.body: '{cfg.body}' matches {[entity.body_names[i] for i in ids]} of "
                              f"{cfg.entity}; name exactly one body.")
         self.body = (entity, ids[0])
+        self._cache: dict[str, tuple] = {}  # of _once_per_state (not state: LegionEnv.episode_state skips it)
 
     def base_pose_w(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The robot's base frame: position (num_envs, 3) [m] and orientation (num_envs, 4), world frame."""
@@ -135,6 +167,7 @@ class PositionCommand(UniformCommand):
         base_pos, base_quat = self.base_pose_w()
         return quat_rotate_inverse(base_quat, entity.body_pos_w[:, index] - base_pos)
 
+    @_once_per_state
     def position_error(self) -> torch.Tensor:
         """(num_envs,) [m] distance of the commanded body from its target position."""
         entity, index = self.body
@@ -162,8 +195,7 @@ class PoseCommand(PositionCommand):
 
     def __init__(self, env, cfg):
         super().__init__(env, cfg)
-        roll, pitch, yaw = self.ranges[3:].mean(dim=1)
-        self.reference = quat_from_euler_xyz(roll, pitch, yaw)
+        self.reference = quat_from_euler_xyz(self.ranges[3:].mean(dim=1))
 
     @property
     def dim(self) -> int:
@@ -171,13 +203,11 @@ class PoseCommand(PositionCommand):
 
     def canonical(self, pose: torch.Tensor) -> torch.Tensor:
         """(..., 7) ``pose`` with its quaternion in :attr:`reference`'s hemisphere."""
-        quat = pose[..., 3:7]
-        flipped = (quat * self.reference).sum(-1, keepdim=True) < 0
-        return torch.cat([pose[..., :3], torch.where(flipped, -quat, quat)], -1)
+        return torch.cat([pose[..., :3], quat_near(pose[..., 3:7], self.reference)], -1)
 
     def sample(self) -> torch.Tensor:
         draw = super().sample()
-        return self.canonical(torch.cat([draw[:, :3], quat_from_euler_xyz(draw[:, 3], draw[:, 4], draw[:, 5])], dim=-1))
+        return torch.cat([draw[:, :3], quat_from_euler_xyz(draw[:, 3:], near=self.reference)], dim=-1)
 
     def hold(self, value) -> None:
         super().hold(self.canonical(torch.as_tensor(value, dtype=torch.float32, device=self.env.device)))
@@ -186,6 +216,7 @@ class PoseCommand(PositionCommand):
         """(num_envs, 4) the target orientation in the world frame."""
         return quat_mul(self.base_pose_w()[1], self.value[:, 3:7])
 
+    @_once_per_state
     def orientation_error(self) -> torch.Tensor:
         """(num_envs,) [rad] angle between the commanded body's orientation and its target's."""
         entity, index = self.body

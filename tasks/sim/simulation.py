@@ -9,6 +9,7 @@ import threading
 
 import torch
 import warp as wp
+from torch.autograd.graph import increment_version
 
 from legion.configs.schema import Robot, Scene
 from legion.tasks.sim.scene import (
@@ -35,6 +36,8 @@ _WARP_LOCK = threading.Lock()
 
 # The views of the worlds' state and control that a checkpoint keeps (NewtonSim.state_dict).
 _STATE_VIEWS = ("joint_q", "joint_qd", "body_q", "body_qd", "joint_target_q", "joint_f", "contact_forces")
+# The views a step or a reset writes through Warp or MuJoCo, behind torch's back (NewtonSim.wrote_state).
+_SIMULATED = ("joint_q", "joint_qd", "body_q", "body_qd", "contact_forces")
 
 
 def _one_thread_at_a_time(method):
@@ -323,6 +326,7 @@ class NewtonSim:
             wp.capture_launch(self.graph)
         else:
             self._simulate()
+        self.wrote_state()
 
     @_one_thread_at_a_time
     def reset(self, worlds: torch.Tensor) -> None:
@@ -351,6 +355,15 @@ class NewtonSim:
             self._motor_reset.copy_(self._reset_mask_t[: self.num_envs, None].expand_as(self._motor_reset))
             for history in self._motor_states:
                 history.reset(self._motor_reset_wp)
+        self.wrote_state()
+
+    def wrote_state(self) -> None:
+        """Bumps the torch version counters of the state views that Warp and MuJoCo write (joint and
+        body state, contact forces), as a torch write would: what is cached on them is then
+        recomputed (a command's pose errors, :mod:`legion.tasks.mdp.commands`). :meth:`step` and
+        :meth:`reset` call it; so does whatever else writes them outside torch (a graph replay)."""
+        for name in _SIMULATED:
+            increment_version(getattr(self, name))
 
     def _eval_fk(self) -> None:
         """Body poses and velocities from the joint coordinates, in the worlds of the reset mask."""
