@@ -151,8 +151,7 @@ class LegionEnv(VecEnv):
     # --- helpers for terms ----------------------------------------------------------------
     def uniform(self, low: float, high: float, shape: tuple) -> torch.Tensor:
         """Uniform samples from the env's seeded generator."""
-        u = torch.rand(shape, generator=self.generator, device=self.device)
-        return low + (high - low) * u
+        return torch.empty(shape, device=self.device).uniform_(low, high, generator=self.generator)
 
     @functools.cached_property
     def mirror(self) -> Mirror:
@@ -309,11 +308,11 @@ class LegionEnv(VecEnv):
         self.curriculum_manager.reset(mask)  # before the default state: it moves the default root poses
         # The default state of every entity, the reset events' perturbations, then body poses (FK).
         robot, rows = self.robot, mask[:, None]
-        robot.joint_pos[:] = torch.where(rows, robot.default_joint_pos, robot.joint_pos)
+        torch.where(rows, robot.default_joint_pos, robot.joint_pos, out=robot.joint_pos)
         robot.joint_vel.masked_fill_(rows, 0.0)
         for entity in self.scene.values():
             if getattr(entity, "floating_base", False):
-                entity.root_pose_w[:] = torch.where(rows, entity.default_root_pose, entity.root_pose_w)
+                torch.where(rows, entity.default_root_pose, entity.root_pose_w, out=entity.root_pose_w)
                 entity.root_vel_w.masked_fill_(rows, 0.0)
         self.events.apply("reset", mask)
         self.sim.reset(mask)

@@ -37,7 +37,7 @@ import warnings
 import torch
 
 from legion.tasks.mdp import events
-from legion.tasks.mdp.events import MODES, where
+from legion.tasks.mdp.events import MODES
 from legion.tasks.mdp.terms import bind_params, find_function
 
 DISTRIBUTIONS = ("uniform", "log_uniform", "gaussian")
@@ -135,12 +135,13 @@ class EventTerm:
     def _drawer(self, mask: torch.Tensor):
         def draw(*shape: int, integer: bool = False) -> torch.Tensor:
             n = self.env.num_envs
-            x = self._sample((n, *shape), self.range[0], self.range[1], integer)
+            low, high = self.range.unbind()
+            x = self._sample((n, *shape), low, high, integer)
             flat = x.reshape(n, -1)
             if self.values.shape[1] != flat.shape[1]:  # the first draw sets the width; maybe in a rollout,
                 with torch.inference_mode(False):  # so a normal tensor, updatable outside it too
                     self.values = torch.full((n, flat.shape[1]), math.nan, device=self.env.device)
-            self.values.copy_(where(mask, flat, self.values))
+            torch.where(mask[:, None], flat, self.values, out=self.values)
             return x
 
         draw.max = self.max_high
@@ -166,7 +167,7 @@ class EventTerm:
         assert self.interval is not None, f"{self.where} is not an interval term"
         low, high = self.interval
         u = torch.rand(self.env.num_envs, generator=self.env.generator, device=self.env.device)
-        self.time_left.copy_(where(mask, low + (high - low) * u, self.time_left))
+        torch.where(mask, low + (high - low) * u, self.time_left, out=self.time_left)
 
 
 class EventManager:

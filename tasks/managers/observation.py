@@ -36,7 +36,10 @@ class ObservationManager:
                     for name, term in terms.items() if term.enabled]
             for group, terms in cfg.items()
         }
-        self._keys = {group: [_same_value(term) for term in terms] for group, terms in self.terms.items()}
+        # Per group, each term's slot in one step's values: a term in several groups with the same
+        # params (the policy's and the critic's) shares one, so it is computed once per step
+        keys = list(dict.fromkeys(_same_value(term) for terms in self.terms.values() for term in terms))
+        self._slots = {group: [keys.index(_same_value(term)) for term in terms] for group, terms in self.terms.items()}
 
     def compute(self) -> TensorDict:
         """Every group's observation from the current state: a TensorDict of (num_envs, D_group) tensors."""
@@ -44,10 +47,10 @@ class ObservationManager:
         groups, values = {}, {}
         for group, terms in self.terms.items():
             parts = []
-            for term, key in zip(terms, self._keys[group]):
-                if key not in values:  # a term in several groups (the policy's and the critic's): once
-                    values[key] = term(env)
-                value = values[key]
+            for term, slot in zip(terms, self._slots[group]):
+                if slot not in values:
+                    values[slot] = term(env)
+                value = values[slot]
                 if term.noise and env.noise_enabled:
                     assert term.noise_scale is not None  # mdp.resolve gives every noisy term one
                     value = value + env.uniform(-term.noise, term.noise, value.shape) * term.noise_scale

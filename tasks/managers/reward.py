@@ -37,6 +37,7 @@ class RewardManager:
         # One (terms, num_envs) tensor, so that a step adds to every sum, and a reset clears them, at once
         self.sums = torch.zeros(len(self.terms), env.num_envs, device=env.device)
         self.episode_sums = {t.name: sums for t, sums in zip(self.terms, self.sums)}
+        self._cache: tuple = ((), None)  # of _scales (not state: LegionEnv.episode_state skips it)
 
     def compute(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """This step's reward (num_envs,) and each term's value (num_envs,) by name (weight and
@@ -44,7 +45,7 @@ class RewardManager:
         env = self.env
         if not self.terms:
             return torch.zeros(env.num_envs, device=env.device), {}
-        values = torch.stack([term(env) * (term.weight * env.step_dt) for term in self.terms])
+        values = torch.stack([term(env) for term in self.terms]) * self._scales()
         self.sums += values
         total = values.sum(dim=0)
         if self.only_positive:
@@ -52,6 +53,14 @@ class RewardManager:
             # episode (falling on purpose) would be the best policy.
             total.clamp_(min=0.0)
         return total, dict(zip(self.episode_sums, values.unbind()))
+
+    def _scales(self) -> torch.Tensor:
+        """(terms, 1) each term's weight times the control dt: one multiply for all terms, remade
+        when a weight was changed (a curriculum may)."""
+        weights = tuple(term.weight for term in self.terms)
+        if self._cache[0] != weights:
+            self._cache = (weights, torch.tensor(weights, device=self.env.device)[:, None] * self.env.step_dt)
+        return self._cache[1]
 
     def reset(self, mask: torch.Tensor, finished: torch.Tensor) -> dict[str, torch.Tensor]:
         """Starts new episodes in ``mask`` (num_envs,) bool; returns ``Episode_Reward/<term>``: the
@@ -80,9 +89,9 @@ class ContactTimers:
     def step(self, dt: float) -> None:
         in_contact = torch.norm(self.env.robot.contact_forces_w, dim=-1) > self.threshold
         self.first_contact.copy_(in_contact & (self.air_time > 0.0))
-        self.last_air_time.copy_(torch.where(self.first_contact, self.air_time + dt, self.last_air_time))
-        self.air_time.copy_(torch.where(in_contact, 0.0, self.air_time + dt))
-        self.contact_time.copy_(torch.where(in_contact, self.contact_time + dt, 0.0))
+        torch.where(self.first_contact, self.air_time + dt, self.last_air_time, out=self.last_air_time)
+        self.air_time.add_(dt).masked_fill_(in_contact, 0.0)
+        self.contact_time.add_(dt).masked_fill_(~in_contact, 0.0)
 
     def reset(self, mask: torch.Tensor) -> None:
         self.air_time.masked_fill_(mask[:, None], 0.0)

@@ -18,7 +18,9 @@ task's own as ``"package.module:function"``. Parameters are checked against the 
 signature when the env is built. Two parameter names are special: ``joints`` and ``bodies`` take
 name patterns (a regex, or a list of them) over the joints / bodies of the scene entity named by
 the function's ``entity`` parameter (default ``"robot"``), and the function receives them resolved,
-once, as long index tensors: nothing is looked up by name while the env steps.
+once, as long index tensors: nothing is looked up by name while the env steps. The terms that run
+every step read them with ``x.index_select(1, joints)``: the copy ``x[:, joints]`` makes, at a
+third of its cost on a CPU (~3 us against ~10, which at a few hundred envs is most of a term's).
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class JointPositionAction:
     @property
     def offset(self) -> torch.Tensor:
         """(num_envs, dim): the command for a zero action (the default pose of the driven joints)."""
-        return self.env.robot.default_joint_pos[:, self.joint_ids]
+        return self.env.robot.default_joint_pos.index_select(1, self.joint_ids)
 
     def set_delay(self, mask: torch.Tensor, delay: torch.Tensor, max_delay: int) -> None:
         """Delays the actions of the envs in ``mask`` by ``delay`` (num_envs,) whole control steps,
@@ -105,10 +105,10 @@ class JointPositionAction:
             targets = targets.clamp(robot.joint_limits[ids, 0], robot.joint_limits[ids, 1])
         if self.max_target_rate is not None:  # after the limits, as the edge runtime's safety clamp
             step = self.max_target_rate * self.env.step_dt
-            previous = robot.joint_pos_target[:, ids]
+            previous = robot.joint_pos_target.index_select(1, ids)
             targets = torch.where(self._rate_free, targets, targets.clamp(previous - step, previous + step))
             self._rate_free.fill_(False)
-        robot.joint_pos_target[:, ids] = targets
+        robot.joint_pos_target.index_copy_(1, ids, targets)
 
     def applied_torque(self) -> torch.Tensor:
         """(num_envs, dim) [N m]: the PD torque on the driven joints, clipped to the (per-env) effort limits."""
@@ -132,14 +132,14 @@ class JointPositionDeltaAction(JointPositionAction):
 
     def apply(self, actions: torch.Tensor) -> None:
         robot, ids = self.env.robot, self.joint_ids
-        targets = robot.joint_pos_target[:, ids] + self.scale * self._delayed(actions)
+        targets = robot.joint_pos_target.index_select(1, ids) + self.scale * self._delayed(actions)
         robot.joint_pos_target[:, ids] = targets.clamp(robot.joint_limits[ids, 0], robot.joint_limits[ids, 1])
 
     def reset(self, mask: torch.Tensor) -> None:
         super().reset(mask)
         robot, ids = self.env.robot, self.joint_ids
-        targets = robot.joint_pos_target[:, ids]
-        robot.joint_pos_target[:, ids] = torch.where(mask[:, None], robot.joint_pos[:, ids], targets)
+        targets = robot.joint_pos_target.index_select(1, ids)
+        robot.joint_pos_target[:, ids] = torch.where(mask[:, None], robot.joint_pos.index_select(1, ids), targets)
 
 
 class JointEffortAction(JointPositionAction):
@@ -155,7 +155,7 @@ class JointEffortAction(JointPositionAction):
         self.env.robot.joint_effort[:, self.joint_ids] = self.scale * self._delayed(actions)
 
     def applied_torque(self) -> torch.Tensor:
-        return self.env.robot.joint_effort[:, self.joint_ids]
+        return self.env.robot.joint_effort.index_select(1, self.joint_ids)
 
 
 class TaskSpaceAction(JointPositionAction):

@@ -54,25 +54,25 @@ def where(mask: torch.Tensor, value: torch.Tensor, current: torch.Tensor) -> tor
 def joint_pos_scale(env, mask, draw, joints: Selection = ".*"):
     """Positions of the selected robot joints times U(range), per joint, clamped to the joint limits."""
     robot = env.robot
-    pos = robot.joint_pos[:, joints]
-    scaled = (pos * draw(len(joints))).clamp(robot.joint_limits[joints, 0], robot.joint_limits[joints, 1])
-    robot.joint_pos[:, joints] = where(mask, scaled, pos)
+    pos = robot.joint_pos.index_select(1, joints)
+    scaled = (pos * draw(len(joints))).clamp(*robot.joint_limits.index_select(0, joints).unbind(-1))
+    robot.joint_pos.index_copy_(1, joints, where(mask, scaled, pos))
 
 
 @event(modes=("reset",))
 def joint_pos_offset(env, mask, draw, joints: Selection = ".*"):
     """Positions of the selected robot joints plus U(range) [rad or m], per joint, clamped to the limits."""
     robot = env.robot
-    pos = robot.joint_pos[:, joints]
-    moved = (pos + draw(len(joints))).clamp(robot.joint_limits[joints, 0], robot.joint_limits[joints, 1])
-    robot.joint_pos[:, joints] = where(mask, moved, pos)
+    pos = robot.joint_pos.index_select(1, joints)
+    moved = (pos + draw(len(joints))).clamp(*robot.joint_limits.index_select(0, joints).unbind(-1))
+    robot.joint_pos.index_copy_(1, joints, where(mask, moved, pos))
 
 
 @event(modes=("reset",))
 def joint_vel(env, mask, draw, joints: Selection = ".*"):
     """Velocities of the selected robot joints U(range) [rad/s or m/s], per joint."""
     robot = env.robot
-    robot.joint_vel[:, joints] = where(mask, draw(len(joints)), robot.joint_vel[:, joints])
+    robot.joint_vel.index_copy_(1, joints, where(mask, draw(len(joints)), robot.joint_vel.index_select(1, joints)))
 
 
 @event(modes=("reset",))

@@ -15,12 +15,12 @@ import torch
 def joint_pos_rel(env, joints=".*") -> torch.Tensor:
     """Joint positions relative to the default pose [rad or m]."""
     robot = env.robot
-    return robot.joint_pos[:, joints] - robot.default_joint_pos[:, joints]
+    return robot.joint_pos.index_select(1, joints) - robot.default_joint_pos.index_select(1, joints)
 
 
 def joint_vel(env, joints=".*") -> torch.Tensor:
     """Joint velocities [rad/s or m/s]."""
-    return env.robot.joint_vel[:, joints]
+    return env.robot.joint_vel.index_select(1, joints)
 
 
 def base_lin_vel(env) -> torch.Tensor:

@@ -15,17 +15,17 @@ def is_terminated(env) -> torch.Tensor:
 
 def joint_pos_target_l2(env, joints, target: float = 0.0) -> torch.Tensor:
     """Squared distance of the selected joints from ``target`` [rad^2]."""
-    return torch.sum(torch.square(env.robot.joint_pos[:, joints] - target), dim=1)
+    return torch.sum(torch.square(env.robot.joint_pos.index_select(1, joints) - target), dim=1)
 
 
 def joint_vel_l1(env, joints=".*") -> torch.Tensor:
     """Sum of |joint velocity| of the selected joints [rad/s]."""
-    return torch.sum(torch.abs(env.robot.joint_vel[:, joints]), dim=1)
+    return torch.sum(torch.abs(env.robot.joint_vel.index_select(1, joints)), dim=1)
 
 
 def joint_vel_l2(env, joints=".*") -> torch.Tensor:
     """Sum of squared joint velocities of the selected joints [rad^2/s^2]."""
-    return torch.sum(torch.square(env.robot.joint_vel[:, joints]), dim=1)
+    return torch.sum(torch.square(env.robot.joint_vel.index_select(1, joints)), dim=1)
 
 
 def position_command_error(env) -> torch.Tensor:
@@ -125,7 +125,7 @@ def joint_deviation_l1(env, joints) -> torch.Tensor:
     """Sum of |joint position - default| over the selected joints [rad] (e.g. hip yaw and roll,
     which a biped should hold near their default)."""
     robot = env.robot
-    return torch.sum(torch.abs(robot.joint_pos[:, joints] - robot.default_joint_pos[:, joints]), dim=1)
+    return torch.sum(torch.abs((robot.joint_pos - robot.default_joint_pos).index_select(1, joints)), dim=1)
 
 
 def undesired_contacts(env, bodies, threshold: float = 1.0) -> torch.Tensor:

@@ -10,7 +10,7 @@ def illegal_contact(env, bodies, threshold: float = 1.0) -> torch.Tensor:
 
 def joint_pos_out_of_bounds(env, joints, limit: float) -> torch.Tensor:
     """|q| of any selected joint exceeds ``limit`` (e.g. the pole fell, the cart left the rail)."""
-    return torch.any(torch.abs(env.robot.joint_pos[:, joints]) > limit, dim=1)
+    return torch.any(torch.abs(env.robot.joint_pos.index_select(1, joints)) > limit, dim=1)
 
 
 def base_height_below(env, height: float) -> torch.Tensor:

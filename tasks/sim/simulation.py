@@ -343,7 +343,7 @@ class NewtonSim:
         else:
             self._reset_mask_t.zero_()
             self._reset_mask_t[worlds] = True
-        self._fk_mask_t.copy_(self._reset_mask_t[self._articulation_world])
+        torch.index_select(self._reset_mask_t, 0, self._articulation_world, out=self._fk_mask_t)
         if self._record_fk and not wp.get_device(self.device).is_capturing:
             if self._fk_graph is None:
                 self._fk_graph = record_graph(self.device, self._eval_fk)
