@@ -8,9 +8,11 @@ LegionEnv.step with random actions, the physics world-steps/s timed inside those
 (NewtonSim.step), the env's overhead (env time over physics time), and for the C backend its
 physics as a share of raw rollout's (goal >= 0.80) and its env step over its physics (goal <= 1.3).
 The two backends take turns, ``--chunk`` control steps at a time, so a busy machine slows them
-alike; then the C backend and raw rollout take turns, the raw rollout stepping the very states the
-C backend stepped in its turn (a Warp env's turn between them would leave the C backend's caches
-cold, as training does not), and the two ratios are medians over those turns.
+alike. The C backend's two ratios are medians over turns of their own, each with nothing else
+between its turns that training would not have (another's turn leaves the caches cold: the arm's
+C physics ran 25% slower after a Warp env's turn): its env step over its physics from turns of the
+C env alone, one after the other, as training steps it; its physics over raw rollout's from turns
+where the raw rollout steps the very states the C backend stepped in the turn before.
 
     python bench/backends.py [--num-envs 256 1024] [--steps 40] [--robots quadruped go2 g1 arm]
 """
@@ -105,7 +107,7 @@ class RawRollout:
 def measure(robot: str, num_envs: int, steps: int, chunk: int) -> dict:
     envs = {backend: Timed(robot, num_envs, backend) for backend in ("warp", "c")}
     num_actions = envs["c"].env.num_actions
-    actions = torch.randn(2 * steps + 5, num_envs, num_actions, generator=torch.Generator().manual_seed(0)).clamp(-2, 2)
+    actions = torch.randn(3 * steps + 5, num_envs, num_actions, generator=torch.Generator().manual_seed(0)).clamp(-2, 2)
     for timed in envs.values():
         timed.run(actions[:5])  # warm up (the C backend's buffers, Warp's graph)
         timed.env_s, timed.physics_s = [], []
@@ -118,20 +120,20 @@ def measure(robot: str, num_envs: int, steps: int, chunk: int) -> dict:
     for backend, timed in envs.items():
         row[f"{backend} env-steps/s"] = steps * num_envs / sum(timed.env_s)
         row[f"{backend} physics world-steps/s"] = steps * num_envs * decimation / sum(timed.physics_s)
-    warp_over_c = sum(envs["warp"].env_s) / sum(envs["c"].env_s)
-    # The C backend and raw rollout, with nothing between them: a Warp env's turn leaves the caches
-    # cold for the next (measured: the arm's C physics 25% slower after one), which training has not
+    row["c / warp (env)"] = sum(envs["warp"].env_s) / sum(envs["c"].env_s)
+    # Ratios of the same work, turn by turn: their median is immune to a turn the shared machine slowed
     c = envs["c"]
     c.env_s, c.physics_s = [], []
-    raw = RawRollout(c)
-    for start in turns:
+    for start in turns:  # the C env alone
         c.run(actions[steps + start:steps + start + chunk])
+    row["c env / physics"] = float(np.median(np.array(c.env_s) / np.array(c.physics_s)))
+    c.env_s, c.physics_s = [], []
+    raw = RawRollout(c)
+    for start in turns:  # the C backend and raw rollout
+        c.run(actions[2 * steps + start:2 * steps + start + chunk])
         raw.run()
     row["raw rollout world-steps/s"] = steps * num_envs * decimation / sum(raw.seconds)
-    row["c / warp (env)"] = warp_over_c
-    # Ratios of the same work, turn by turn: their median is immune to a turn the shared machine slowed
     row["c physics / raw"] = float(np.median(np.array(raw.seconds) / np.array(c.physics_s)))
-    row["c env / physics"] = float(np.median(np.array(c.env_s) / np.array(c.physics_s)))
     return row
 
 
