@@ -120,21 +120,22 @@ def measure(robot: str, num_envs: int, steps: int, chunk: int) -> dict:
     for backend, timed in envs.items():
         row[f"{backend} env-steps/s"] = steps * num_envs / sum(timed.env_s)
         row[f"{backend} physics world-steps/s"] = steps * num_envs * decimation / sum(timed.physics_s)
-    row["c / warp (env)"] = sum(envs["warp"].env_s) / sum(envs["c"].env_s)
+    warp_over_c = sum(envs["warp"].env_s) / sum(envs["c"].env_s)
     # Ratios of the same work, turn by turn: their median is immune to a turn the shared machine slowed
     c = envs["c"]
     c.env_s, c.physics_s = [], []
     for start in turns:  # the C env alone
         c.run(actions[steps + start:steps + start + chunk])
-    row["c env / physics"] = float(np.median(np.array(c.env_s) / np.array(c.physics_s)))
+    env_over_physics = float(np.median(np.array(c.env_s) / np.array(c.physics_s)))
     c.env_s, c.physics_s = [], []
     raw = RawRollout(c)
     for start in turns:  # the C backend and raw rollout
         c.run(actions[2 * steps + start:2 * steps + start + chunk])
         raw.run()
-    row["raw rollout world-steps/s"] = steps * num_envs * decimation / sum(raw.seconds)
-    row["c physics / raw"] = float(np.median(np.array(raw.seconds) / np.array(c.physics_s)))
-    return row
+    return row | {"raw rollout world-steps/s": steps * num_envs * decimation / sum(raw.seconds),
+                  "c / warp (env)": warp_over_c,
+                  "c physics / raw": float(np.median(np.array(raw.seconds) / np.array(c.physics_s))),
+                  "c env / physics": env_over_physics}
 
 
 def main():
