@@ -102,7 +102,7 @@ class JointPositionAction:
         robot, ids = self.env.robot, self.joint_ids
         targets = self.offset + self.scale * self._delayed(actions)
         if self.clamp_to_limits:
-            targets = targets.clamp(robot.joint_limits[ids, 0], robot.joint_limits[ids, 1])
+            targets = targets.clamp(*robot.joint_limits.index_select(0, ids).unbind(-1))
         if self.max_target_rate is not None:  # after the limits, as the edge runtime's safety clamp
             step = self.max_target_rate * self.env.step_dt
             previous = robot.joint_pos_target.index_select(1, ids)
@@ -133,13 +133,14 @@ class JointPositionDeltaAction(JointPositionAction):
     def apply(self, actions: torch.Tensor) -> None:
         robot, ids = self.env.robot, self.joint_ids
         targets = robot.joint_pos_target.index_select(1, ids) + self.scale * self._delayed(actions)
-        robot.joint_pos_target[:, ids] = targets.clamp(robot.joint_limits[ids, 0], robot.joint_limits[ids, 1])
+        robot.joint_pos_target.index_copy_(1, ids, targets.clamp(*robot.joint_limits.index_select(0, ids).unbind(-1)))
 
     def reset(self, mask: torch.Tensor) -> None:
         super().reset(mask)
         robot, ids = self.env.robot, self.joint_ids
         targets = robot.joint_pos_target.index_select(1, ids)
-        robot.joint_pos_target[:, ids] = torch.where(mask[:, None], robot.joint_pos.index_select(1, ids), targets)
+        robot.joint_pos_target.index_copy_(1, ids, torch.where(mask[:, None], robot.joint_pos.index_select(1, ids),
+                                                               targets))
 
 
 class JointEffortAction(JointPositionAction):
@@ -152,7 +153,7 @@ class JointEffortAction(JointPositionAction):
         return torch.zeros_like(self.actions)
 
     def apply(self, actions: torch.Tensor) -> None:
-        self.env.robot.joint_effort[:, self.joint_ids] = self.scale * self._delayed(actions)
+        self.env.robot.joint_effort.index_copy_(1, self.joint_ids, self.scale * self._delayed(actions))
 
     def applied_torque(self) -> torch.Tensor:
         return self.env.robot.joint_effort.index_select(1, self.joint_ids)
