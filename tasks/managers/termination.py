@@ -59,9 +59,9 @@ class TerminationManager:
         # Keep the bad numbers out of rewards and observations of this step (the reset follows): the
         # joint state and the body state the solver made from it (poses, velocities, contact
         # forces; reward terms read them, e.g. a tool's pose). No indexed assignment: no device sync
-        # inside a captured step. The bodies' state is times 0 in those worlds and then rid of
-        # non-finite values (0 * NaN is NaN): a third of masked_fill_'s time on a CPU, whose
-        # masked_fill_ takes ~1.3 ns an element (the quadruped's bodies: 25 us a step for each).
+        # inside a captured step. The bodies' state is multiplied by 0 in those worlds, then cleared
+        # of non-finite values (0 * NaN is NaN; only a diverged world has any): a third of the time
+        # of masked_fill_, which on a CPU takes ~1.3 ns an element (~25 us a step per body tensor).
         sim.joint_q.masked_fill_(diverged[:, None], 0.0)
         sim.joint_qd.masked_fill_(diverged[:, None], 0.0)
         keep = (~diverged)[:, None, None].float()
