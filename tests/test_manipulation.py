@@ -254,6 +254,38 @@ def test_a_step_is_judged_on_the_command_its_action_saw_and_redraws_it_after():
     assert redrawn == 3 * 4  # at steps 2, 4 and 6, in every env
 
 
+def test_the_quaternion_helpers_agree_with_mujoco():
+    """The product, the Euler angles' quaternion and the angle between two orientations (tables
+    and matrix products, for their CPU cost) against MuJoCo's C functions, on random inputs;
+    batched, and differentiable."""
+    import mujoco
+
+    from legion.tasks.math import quat_error_magnitude, quat_from_euler_xyz, quat_mul
+
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.nn.functional.normalize(torch.randn(2, 50, 4, generator=generator), dim=-1)
+    angles = (torch.rand(50, 3, generator=generator) * 2 - 1) * 4  # past +-pi: every branch of the halves
+    product, euler, error = quat_mul(a, b), quat_from_euler_xyz(angles), quat_error_magnitude(a, b)
+    assert euler[:, 3].min() >= 0  # the sign nearer the identity
+
+    def wxyz(q: torch.Tensor) -> np.ndarray:
+        return q.double().numpy()[[3, 0, 1, 2]]
+
+    for i in range(50):
+        expected = np.zeros(4)
+        mujoco.mju_mulQuat(expected, wxyz(a[i]), wxyz(b[i]))
+        np.testing.assert_allclose(wxyz(product[i]), expected, atol=1e-6)
+        mujoco.mju_euler2Quat(expected, angles[i].double().numpy(), "XYZ")  # extrinsic x, y, z: Rz Ry Rx
+        np.testing.assert_allclose(wxyz(euler[i]) * np.sign(expected[0]), expected, atol=1e-6)
+        rotation = np.zeros(3)
+        mujoco.mju_subQuat(rotation, wxyz(b[i]), wxyz(a[i]))
+        assert error[i].item() == pytest.approx(np.linalg.norm(rotation), abs=1e-5)
+    assert quat_mul(a.view(5, 10, 4), b.view(5, 10, 4)).view(50, 4).equal(product)
+    a.requires_grad_(True)
+    quat_error_magnitude(a, b).sum().backward()
+    assert a.grad is not None and a.grad.isfinite().all()
+
+
 def test_the_pose_errors_are_computed_once_per_state_and_follow_every_write(still_reach):
     """Success and the rewards read one computation of each error per state (a cache keyed on the
     torch version counters of the bodies' state and of the command), and every write of either is
