@@ -159,7 +159,7 @@ class EventTerm:
             if self.distribution == "log_uniform":
                 x = torch.exp(torch.log(low) + (torch.log(high) - torch.log(low)) * u)
             else:
-                x = low + (high - low) * u
+                x = torch.addcmul(low, high - low, u)
         return x.round() if integer else x
 
     def redraw_intervals(self, mask: torch.Tensor) -> None:

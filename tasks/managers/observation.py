@@ -53,7 +53,7 @@ class ObservationManager:
                 value = values[slot]
                 if term.noise and env.noise_enabled:
                     assert term.noise_scale is not None  # mdp.resolve gives every noisy term one
-                    value = value + env.uniform(-term.noise, term.noise, value.shape) * term.noise_scale
+                    value = torch.addcmul(value, env.uniform(-term.noise, term.noise, value.shape), term.noise_scale)
                 if term.clip is not None:
                     value = value.clamp(-term.clip, term.clip)
                 parts.append(value if isinstance(term.scale, float) and term.scale == 1.0 else value * term.scale)

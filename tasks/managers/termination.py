@@ -42,20 +42,19 @@ class TerminationManager:
         term's share of worlds ``Episode_Termination/<term>`` (and ``.../nonfinite``) to ``log``."""
         env, sim = self.env, self.env.sim
         time_outs = env.episode_length_buf >= env.max_episode_length
-        terminated = torch.zeros_like(time_outs)
         # A world whose physics diverged is ended and counted, never propagated.
         # Per world, reductions that carry a NaN through (a third of isfinite().all()'s cost on a CPU):
         # a NaN or inf coordinate makes the sum of their magnitudes non-finite, and a NaN speed fails <=.
-        diverged = ~((sim.joint_q.abs().sum(1) < math.inf) & (sim.joint_qd.abs().amax(1) <= DIVERGED_SPEED))
+        healthy = (sim.joint_q.abs().sum(1) < math.inf) & (sim.joint_qd.abs().amax(1) <= DIVERGED_SPEED)
+        terminated = diverged = ~healthy
         for term in self.terms:
-            hit = term(env) & ~diverged
+            hit = term(env) & healthy
             if term.time_out:
                 time_outs |= hit
             else:
-                terminated |= hit
-            log[f"Episode_Termination/{term.name}"] = hit.float().mean()
-        terminated |= diverged
-        log["Episode_Termination/nonfinite"] = diverged.float().mean()  # (the name from before the speed bound)
+                terminated = terminated | hit  # a new tensor: `diverged` is read below
+            log[f"Episode_Termination/{term.name}"] = torch.mean(hit, dtype=torch.float32)
+        log["Episode_Termination/nonfinite"] = torch.mean(diverged, dtype=torch.float32)  # (named before the bound)
         # Keep the bad numbers out of rewards and observations of this step (the reset follows): the
         # joint state and the body state the solver made from it (poses, velocities, contact
         # forces; reward terms read them, e.g. a tool's pose). No indexed assignment: no device sync
@@ -64,7 +63,7 @@ class TerminationManager:
         # of masked_fill_, which on a CPU takes ~1.3 ns an element (~25 us a step per body tensor).
         sim.joint_q.masked_fill_(diverged[:, None], 0.0)
         sim.joint_qd.masked_fill_(diverged[:, None], 0.0)
-        keep = (~diverged)[:, None, None].float()
+        keep = healthy[:, None, None].float()
         for state in (sim.body_q, sim.body_qd, *([sim.contact_forces] if sim.senses_contacts else [])):
             state.mul_(keep).nan_to_num_(0.0, 0.0, 0.0)
         return terminated, time_outs
@@ -75,33 +74,39 @@ class SuccessTracker:
     latched per episode; it never ends an episode.
 
     Attributes:
-        succeeded: (num_envs,) bool, the current episode has succeeded.
-        time_s: (num_envs,) [s] episode time at which it succeeded (the hold complete; NaN before).
-        last_succeeded, last_time_s: the same for each env's last finished episode (evaluation
-            reads them after the step that ended it).
+        time_s: (num_envs,) [s] episode time at which the current episode succeeded (the hold
+            complete; NaN before): it is the latch, :attr:`succeeded` is where it is a number.
+        last_time_s: the same for each env's last finished episode (evaluation reads it, and
+            :attr:`last_succeeded`, after the step that ended it).
     """
 
     def __init__(self, env, cfg):
         self.env, self.term = env, mdp.resolve(env, "success", cfg.func, cfg, "task.success")
         self.hold_steps = max(1, round(cfg.hold_s / env.step_dt))
         self.held = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)  # control steps met in a row
-        self.succeeded = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
         self.time_s = torch.full((env.num_envs,), math.nan, device=env.device)
-        self.last_succeeded, self.last_time_s = self.succeeded.clone(), self.time_s.clone()
+        self.last_time_s = self.time_s.clone()
+
+    @property
+    def succeeded(self) -> torch.Tensor:
+        """(num_envs,) bool, the current episode has succeeded."""
+        return ~self.time_s.isnan()
+
+    @property
+    def last_succeeded(self) -> torch.Tensor:
+        """(num_envs,) bool, each env's last finished episode succeeded."""
+        return ~self.last_time_s.isnan()
 
     # In-place updates only: the state stays usable whether the env steps in inference mode or not.
     def step(self) -> None:
         self.held.add_(1).mul_(self.term(self.env))  # counts the steps met in a row
-        now = (self.held >= self.hold_steps) & ~self.succeeded
+        now = (self.held >= self.hold_steps) & self.time_s.isnan()
         torch.where(now, self.env.episode_length_buf * self.env.step_dt, self.time_s, out=self.time_s)
-        self.succeeded |= now
 
     def reset(self, mask: torch.Tensor, finished: torch.Tensor) -> dict:
         """Starts new episodes in ``mask``; returns ``Episode_Success/rate``'s sum over ``finished``."""
-        torch.where(finished, self.succeeded, self.last_succeeded, out=self.last_succeeded)
         torch.where(finished, self.time_s, self.last_time_s, out=self.last_time_s)
-        successes = (self.succeeded & finished).sum()
+        successes = ((self.time_s >= 0) & finished).sum()  # (NaN >= 0 is false)
         self.held.masked_fill_(mask, 0)
-        self.succeeded.masked_fill_(mask, False)
         self.time_s.masked_fill_(mask, math.nan)
         return {"Episode_Success/rate": successes}
