@@ -38,8 +38,12 @@ class Timed:
 
     def __init__(self, robot: str, num_envs: int, backend: str):
         task, *overrides = ROBOTS[robot]
-        self.env = make_env(compose(f"task={task}", *overrides, f"sim.num_envs={num_envs}", "device=cpu",
-                                    f"sim.backend={backend}"))
+        cfg = compose(f"task={task}", *overrides, f"sim.num_envs={num_envs}", "device=cpu", f"sim.backend={backend}")
+        self.env = make_env(cfg)
+        if cfg.agent.random_episode_start:  # the episodes' phases spread as training spreads them (the
+            # runner): else episodes that only time out all start on one step and no other step starts any
+            buf = self.env.episode_length_buf
+            buf.copy_(torch.randint_like(buf, high=int(self.env.max_episode_length)))
         self.env_s, self.physics_s = [], []  # per turn
         step = self.env.sim.step
 

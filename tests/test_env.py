@@ -139,12 +139,13 @@ def test_the_env_step_reads_nothing_back_to_the_host(monkeypatch, task):
     """On a GPU every read-back (.item(), .nonzero(), bool(tensor), ...) stalls the step until the
     device catches up, and so does a tensor made from Python values (a host-to-device copy). Steps
     with resets, command resampling, pushes and every randomization term on do none of them
-    (here, on the CPU, caught by name)."""
+    (here, on the CPU, caught by name, the env taking a GPU's path: env.any_world reads nothing)."""
     from conftest import compose
 
     names = compose(*task).task.events.keys()
     env = make_env(*task, "sim.num_envs=8", "task.episode_length_s=0.1", "task.command.resampling_time_s=0.06",
                    *(f"++task.events.{name}.enabled=true" for name in names))
+    env._masks_read_free = False
     env.step(torch.zeros(8, env.num_actions))
 
     def read_back(*args, **kwargs):
@@ -160,6 +161,25 @@ def test_the_env_step_reads_nothing_back_to_the_host(monkeypatch, task):
         resets += dones
     monkeypatch.undo()
     assert (resets >= 2).all()
+
+
+def test_the_work_a_cpu_skips_is_work_for_no_world():
+    """On a CPU the step reads its masks (env.any_world) and skips the reset, the command draw and
+    the zeroing of diverged worlds when no world needs them; on a GPU that work runs by mask for
+    every world. While nothing starts, the two paths step alike, bit for bit."""
+    envs = [make_env("task=arm_reach", "sim.num_envs=4") for _ in range(2)]
+    envs[1]._masks_read_free = False  # a GPU's path
+    for env in envs:
+        env.noise_enabled = False  # (the skipped draws advance the generator that noise draws from)
+        env.reset()
+    actions = torch.randn(30, 4, envs[0].num_actions, generator=torch.Generator().manual_seed(0)) * 0.5
+    steps = [[env.step(a) for a in actions] for env in envs]
+    for (obs, rewards, dones, _), (gpu_obs, gpu_rewards, gpu_dones, _) in zip(*steps):
+        assert torch.equal(obs["policy"], gpu_obs["policy"]) and torch.equal(rewards, gpu_rewards)
+        assert not dones.any() and not gpu_dones.any()
+    cpu, gpu = envs
+    assert cpu.sim.body_q.equal(gpu.sim.body_q) and cpu.command.value.equal(gpu.command.value)
+    assert cpu.success.held.equal(gpu.success.held)
 
 
 @pytest.mark.parametrize("breakage", [float("nan"), 2.0e4])
@@ -251,12 +271,14 @@ def test_the_env_step_keeps_its_state_in_place_as_a_captured_graph_needs(task):
     nothing over in a tensor it replaced (the replay would read the old one) nor in a Python
     number it changed (the replay would repeat the captured one). Over steps with resets, command
     resampling, pushes, action delays and every randomization term on, every carried tensor keeps
-    its storage and every carried number its value."""
+    its storage and every carried number its value (the env taking a GPU's path: work by mask for
+    every world, as env.any_world has it there)."""
     from conftest import compose
 
     names = compose(*task).task.events.keys()
     env = make_env(*task, "sim.num_envs=8", "task.episode_length_s=0.1", "task.command.resampling_time_s=0.06",
                    *(f"++task.events.{name}.enabled=true" for name in names))
+    env._masks_read_free = False
     env.step(torch.zeros(8, env.num_actions))
     before = carried_state(env)
     resets = torch.zeros(8, dtype=torch.long)

@@ -213,8 +213,9 @@ class EventManager:
         for term in self.active("interval"):
             term.time_left -= dt
             due = term.time_left <= 1e-6
-            term.apply(due)
-            term.redraw_intervals(due)
+            if self.env.any_world(due):
+                term.apply(due)
+                term.redraw_intervals(due)
 
     def set_range(self, name: str, low: float, high: float) -> None:
         """The curriculum hook: the range the term ``name`` draws from from now on (a term with a

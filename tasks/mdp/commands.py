@@ -80,6 +80,8 @@ class UniformCommand:
         if self.held:
             return
         mask = mask | (self.steps_left <= 0)
+        if not self.env.any_world(mask):
+            return
         torch.where(mask[:, None], self.sample(), self.value, out=self.value)
         # In place: a rollout steps in inference mode, and a replaced tensor could not be updated outside it.
         self.steps_left.masked_fill_(mask, self.resampling_steps)
