@@ -73,11 +73,12 @@ def test_two_ranks_hold_identical_weights_and_learn_like_one_process_with_all_th
                             timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
     one = json.loads((tmp_path / "one" / "rank0.json").read_text())
-    # The same samples per update: the episode lengths reached agree within run-to-run noise.
+    # The same samples per update: the episode lengths reached agree within run-to-run noise, which
+    # over seeds 0-3 and 42 (the default) was 134-203 steps for one process and 114-174 for two ranks.
     lengths = ranks[0]["mean_episode_length"], one["mean_episode_length"]
     print(f"mean episode length after {iterations} iterations: 2 ranks x 128 envs {lengths[0]:.1f}, "
           f"1 process x 256 envs {lengths[1]:.1f}")
-    assert min(lengths) > 60 and max(lengths) / min(lengths) < 1.6
+    assert min(lengths) > 60 and max(lengths) / min(lengths) < 2.0
 
 
 @pytest.mark.parametrize("overrides", [
