@@ -1,6 +1,7 @@
 """Quaternion helpers on (..., 4) tensors in Newton's (x, y, z, w) order."""
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -20,10 +21,7 @@ def quat_from_yaw(yaw: torch.Tensor) -> torch.Tensor:
 
 def quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Hamilton product ``a * b`` of (..., 4) quaternions: rotation ``b`` first, then ``a``."""
-    # Bilinear: the 16 products a_j b_k times a constant (16, 4) table. Three tensor operations
-    # instead of the component form's dozen: on a CPU the env's step costs what its operations number.
-    pick_a, pick_b, table, _ = _hamilton(a.device, a.dtype)
-    return (a.index_select(-1, pick_a) * b.index_select(-1, pick_b)) @ table
+    return _bilinear(a, b, _tables(a.device, a.dtype).product)
 
 
 def quat_rotate(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -39,9 +37,9 @@ def quat_from_euler_xyz(angles: torch.Tensor, near: torch.Tensor | None = None) 
     nearer ``near`` (:func:`quat_near`), so that one rotation has one quaternion."""
     # Product to sum: each component (a sum of two products of three half-angle cosines and sines)
     # is a quarter of a signed sum of the cosines and sines of four sums of the half angles.
-    combine, to_quat = _euler(angles.device, angles.dtype)
-    sums = angles @ combine
-    return quat_near(torch.cat([sums.cos(), sums.sin()], -1) @ to_quat, near)
+    tables = _tables(angles.device, angles.dtype)
+    sums = angles @ tables.euler_sums
+    return quat_near(torch.cat([sums.cos(), sums.sin()], -1) @ tables.euler_quat, near)
 
 
 def quat_near(q: torch.Tensor, near: torch.Tensor | None = None) -> torch.Tensor:
@@ -54,35 +52,43 @@ def quat_near(q: torch.Tensor, near: torch.Tensor | None = None) -> torch.Tensor
 def quat_error_magnitude(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """(...,) angle [rad] of the rotation between orientations ``a`` and ``b`` (..., 4), in [0, pi]
     whichever sign either quaternion has."""
-    pick_a, pick_b, _, conjugate_table = _hamilton(a.device, a.dtype)
-    difference = (a.index_select(-1, pick_a) * b.index_select(-1, pick_b)) @ conjugate_table  # conj(a) * b
+    difference = _bilinear(a, b, _tables(a.device, a.dtype).conjugate_product)  # conj(a) * b
     return 2.0 * torch.atan2(torch.linalg.vector_norm(difference[..., :3], dim=-1), difference[..., 3].abs())
 
 
-def _left_product(a) -> list[list[float]]:
-    """The matrix L(a) with ``a * b = L(a) b``, (x, y, z, w) order."""
-    x, y, z, w = a
-    return [[w, -z, y, x], [z, w, -x, y], [-y, x, w, z], [-x, -y, -z, w]]
+def _bilinear(a: torch.Tensor, b: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """The 16 products a_j b_k of (..., 4) quaternions' components (j major) times a (16, 4)
+    table: three tensor operations where the component form takes a dozen, and on a CPU the env's
+    step costs what its tensor operations number."""
+    tables = _tables(a.device, a.dtype)
+    return (a.index_select(-1, tables.pick_a) * b.index_select(-1, tables.pick_b)) @ table
 
 
-# The constant tensors of the helpers above, made once per device (a step captured on a GPU cannot
-# copy them from the host) and outside inference mode (usable by autograd too).
-@functools.cache
-def _hamilton(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """Which of a's and b's components make the 16 products a_j b_k, and the (16, 4) tables that
-    turn them into a * b and into conj(a) * b: (a * b)_i = sum over j, k of a_j b_k L(e_j)_ik."""
-    with torch.inference_mode(False):
-        table = torch.tensor([_left_product(e) for e in torch.eye(4).tolist()]).transpose(1, 2).reshape(16, 4)
-        conjugate_table = table * torch.tensor([-1.0, -1.0, -1.0, 1.0]).repeat_interleave(4)[:, None]
-        pick_a, pick_b = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
-        return pick_a.to(device), pick_b.to(device), table.to(device, dtype), conjugate_table.to(device, dtype)
+class _Tables(NamedTuple):
+    pick_a: torch.Tensor  # (16,) j of the products a_j b_k
+    pick_b: torch.Tensor  # (16,) k
+    product: torch.Tensor  # (16, 4): a * b
+    conjugate_product: torch.Tensor  # (16, 4): conj(a) * b
+    euler_sums: torch.Tensor  # (3, 4): the half-angle sums +-roll/2 +-pitch/2 +-yaw/2
+    euler_quat: torch.Tensor  # (8, 4): their cosines and sines to (x, y, z, w)
 
 
 @functools.cache
-def _euler(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sums +-roll/2 +-pitch/2 +-yaw/2 (3, 4), and (8, 4): their cosines and sines to (x, y, z, w)."""
+def _tables(device: torch.device, dtype: torch.dtype) -> _Tables:
+    """The helpers' constant tensors, made once per device (a step captured on a GPU cannot copy
+    them from the host) and outside inference mode (usable by autograd too). Float32 matrix
+    products: exact to rounding, unless TF32 is switched on for them (torch's default is off)."""
+
+    def left_product(a: list[float]) -> list[list[float]]:  # L(a) with a * b = L(a) b
+        x, y, z, w = a
+        return [[w, -z, y, x], [z, w, -x, y], [-y, x, w, z], [-x, -y, -z, w]]
+
     with torch.inference_mode(False):
-        combine = torch.tensor([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1]]) / 2
-        to_quat = torch.tensor([[1, -1, 1, 1], [-1, 1, 1, 1], [-1, -1, -1, 1], [1, 1, -1, 1],
-                                [1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]]) / 4
-        return combine.to(device, dtype), to_quat.to(device, dtype)
+        # (a * b)_i = sum over j, k of a_j b_k L(e_j)_ik; conj(a) negates a's x, y, z
+        product = torch.tensor([left_product(e) for e in torch.eye(4).tolist()]).transpose(1, 2).reshape(16, 4)
+        conjugate = torch.tensor([-1.0, -1.0, -1.0, 1.0]).repeat_interleave(4)[:, None]
+        euler_sums = torch.tensor([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1]]) / 2
+        euler_quat = torch.tensor([[1, -1, 1, 1], [-1, 1, 1, 1], [-1, -1, -1, 1], [1, 1, -1, 1],
+                                   [1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]]) / 4
+        return _Tables(torch.arange(4).repeat_interleave(4).to(device), torch.arange(4).repeat(4).to(device),
+                       *(t.to(device, dtype) for t in (product, product * conjugate, euler_sums, euler_quat)))
