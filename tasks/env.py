@@ -193,7 +193,8 @@ class LegionEnv(VecEnv):
         :data:`legion.tasks.sim.SOLVER_LIMITS`); ``extras["episodes"]`` sums over the episodes that
         ended this step: ``count`` and per reward term ``Episode_Reward/<term>`` (each episode's
         reward per second), and with a ``task.success``, ``Episode_Success/rate`` (how many
-        succeeded). All are device tensors (or Python numbers), never read back here.
+        succeeded), absent on a CPU where none ended. All are device tensors (or Python numbers),
+        never read back here; on a CPU the step reads its masks (:meth:`any_world`).
 
         With ``sim.capture_step`` (CUDA) the step is a replay of a recorded one
         (:class:`~legion.tasks.capture.CapturedStep`).
