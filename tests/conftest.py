@@ -1,12 +1,18 @@
 """Shared test setup: one Warp kernel cache for the whole suite, one torch thread, quiet Warp."""
 
 import os
+import signal
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("WARP_CACHE_PATH", str(ROOT / ".warp_cache"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+# Ctrl-C as a terminal sends it: a shell starts a background job (`.ci/run &`) with SIGINT ignored,
+# which Python keeps and every child inherits, and the tests that interrupt a `legion` command
+# (play, deploy) would wait on a child that never hears it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 
