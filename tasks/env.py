@@ -5,10 +5,11 @@ advance the contact timers, evaluate terminations, the task's success and reward
 command's timer, reset the finished worlds (new commands for them and wherever the timer ran
 out), fire the interval events (pushes, ...), and compute the observations of every group.
 Everything is a batched tensor operation over all environments; nothing loops over
-environments in Python, no term looks a name up, and nothing is read back to the host while the
-env steps: finished worlds are reset by mask (every reset operation leaves the other worlds
-exactly as they were), and episode statistics stay on the device until the runner reads them
-once per iteration. On a GPU this keeps the step free of synchronizations.
+environments in Python, no term looks a name up, and on a GPU nothing is read back to the host
+while the env steps: finished worlds are reset by mask (every reset operation leaves the other
+worlds exactly as they were), and episode statistics stay on the device until the runner reads
+them once per iteration. This keeps a GPU's step free of synchronizations; on a CPU, where a read
+is free, the step reads its masks to skip work for no world (:meth:`LegionEnv.any_world`).
 
 The task config (``configs/task/*.yaml``, schema :class:`legion.configs.schema.Task`) names the
 terms; :mod:`legion.tasks.managers` binds, calls and combines them, one manager per kind

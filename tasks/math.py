@@ -21,7 +21,7 @@ def quat_from_yaw(yaw: torch.Tensor) -> torch.Tensor:
 
 def quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Hamilton product ``a * b`` of (..., 4) quaternions: rotation ``b`` first, then ``a``."""
-    return _bilinear(a, b, _tables(a.device, a.dtype).product)
+    return _bilinear(a, b)
 
 
 def quat_rotate(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -52,16 +52,17 @@ def quat_near(q: torch.Tensor, near: torch.Tensor | None = None) -> torch.Tensor
 def quat_error_magnitude(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """(...,) angle [rad] of the rotation between orientations ``a`` and ``b`` (..., 4), in [0, pi]
     whichever sign either quaternion has."""
-    difference = _bilinear(a, b, _tables(a.device, a.dtype).conjugate_product)  # conj(a) * b
+    difference = _bilinear(a, b, conjugate_a=True)
     return 2.0 * torch.atan2(torch.linalg.vector_norm(difference[..., :3], dim=-1), difference[..., 3].abs())
 
 
-def _bilinear(a: torch.Tensor, b: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """The 16 products a_j b_k of (..., 4) quaternions' components (j major) times a (16, 4)
-    table: three tensor operations where the component form takes a dozen, and on a CPU the env's
-    step costs what its tensor operations number."""
+def _bilinear(a: torch.Tensor, b: torch.Tensor, conjugate_a: bool = False) -> torch.Tensor:
+    """``a * b`` (or ``conj(a) * b``) of (..., 4) quaternions: the 16 products a_j b_k of their
+    components (j major) times a (16, 4) table. Three tensor operations where the component form
+    takes a dozen, and on a CPU the env's step costs what its tensor operations number."""
     tables = _tables(a.device, a.dtype)
-    return (a.index_select(-1, tables.pick_a) * b.index_select(-1, tables.pick_b)) @ table
+    products = a.index_select(-1, tables.pick_a) * b.index_select(-1, tables.pick_b)
+    return products @ (tables.conjugate_product if conjugate_a else tables.product)
 
 
 class _Tables(NamedTuple):

@@ -2,7 +2,8 @@
 
 Every command draws its components uniformly from ``ranges`` ([low, high] each), per env, at each
 episode start and every ``resampling_time_s``; :meth:`UniformCommand.hold` fixes it (evaluation,
-sim-to-sim). Nothing is read back to the host: resampling is by mask.
+sim-to-sim). Resampling is by mask; on a CPU no draw is made when no env needs one
+(``env.any_world``), elsewhere nothing is read back to the host.
 """
 
 import functools
