@@ -117,9 +117,10 @@ class UpdateThreads:
     0: ``OMP_NUM_THREADS`` where set (torchrun sets 1 per rank, the tests 1 per pytest worker),
     else the cores this process may use over the ranks torchrun started on this machine
     (BENCHMARKS.md: the update 1.6-1.9x faster on 2 cores). torch's setting is the calling
-    thread's (OpenMP), so the async learner's never reaches the actor's; the update's results do
-    not depend on it (MKL splits a product's rows and columns, not its sums: tests/test_async.py).
-    On a GPU it changes nothing."""
+    thread's (OpenMP), so the async learner's never reaches the actor's. The update's results do
+    not depend on it where MKL computes in its strict reproducible mode (``MKL_CBWR=AUTO,STRICT``,
+    which :func:`legion.set_process_env` sets: tests/test_async.py); in MKL's default mode some CPUs
+    split a product's sums over the threads and round differently. On a GPU it changes nothing."""
 
     def __init__(self, cfg: Agent, device: str):
         if cfg.update_threads < 0:

@@ -1,6 +1,7 @@
 """PPO on rsl-rl's core: it learns cart-pole, and checkpoints restore everything exactly, on any device."""
 
 import re
+import time
 
 import pytest
 import torch
@@ -19,13 +20,15 @@ from legion.agents.runner import TrainingDiverged
 SMALL = ("task=cartpole", "sim.num_envs=64", "agent.num_steps_per_env=8")
 
 
-def test_ppo_triples_cartpole_episode_length_within_30_iterations():
-    runner = make_runner("task=cartpole")
+def test_ppo_triples_cartpole_episode_length_within_30_iterations(seed, learned):
+    """Over training seeds 0-19 the episode length grew 4.3-28.6 times (mean 20.8, sd 6.3): the
+    bound, 3, is below every seed and 2.8 sd below the mean."""
+    runner = make_runner("task=cartpole", f"seed={seed}")
     runner.learn(2)
     start_length = runner.mean_episode_length
     runner.learn(30)
     print(f"episode length {start_length:.1f} -> {runner.mean_episode_length:.1f} after {runner.iteration} iterations")
-    assert runner.mean_episode_length >= 3 * start_length
+    learned(length_ratio=(runner.mean_episode_length / start_length, 3.0))
 
 
 def test_the_progress_line_shows_how_often_the_solver_hit_a_limit(capsys):
@@ -197,6 +200,10 @@ def test_a_resumed_run_purges_the_tensorboard_steps_logged_after_its_checkpoint(
     (tmp_path / "model_5.pt").unlink()  # the kill came before this checkpoint was written
     assert [e.step for e in rewards()] == [1, 2, 3, 4, 5]
 
+    # TensorBoard reads a folder's event files in the order of their names, which begin with the
+    # second the writer started and end with a count of writers in this process: a resume, a new
+    # process, starts in a later second; here, in the same one, writer 10 would sort before 9.
+    time.sleep(1.0)
     resumed = make_runner(*SMALL, "agent.save_interval=3", log_dir=tmp_path)
     resumed.load(latest_good_checkpoint(tmp_path)[0])
     resumed.learn(6)
@@ -207,12 +214,13 @@ def test_a_resumed_run_purges_the_tensorboard_steps_logged_after_its_checkpoint(
 
 
 def test_resume_falls_back_past_a_truncated_newest_checkpoint_with_a_warning_naming_it(tmp_path, capsys):
-    from legion import commands, configs
+    from legion import configs
+    from legion.commands.train import train
 
-    commands.train(compose(*SMALL, "agent.save_interval=1", "agent.max_iterations=2"), tmp_path)
+    train(compose(*SMALL, "agent.save_interval=1", "agent.max_iterations=2"), tmp_path)
     data = (tmp_path / "model_2.pt").read_bytes()
     (tmp_path / "model_2.pt").write_bytes(data[: len(data) // 2])  # e.g. a copy cut short, a full disk
     with pytest.warns(UserWarning, match=r"Checkpoint .*model_2\.pt is unreadable .*Falling back to an earlier"):
-        runner = commands.train(configs.load_run_config(tmp_path, ["agent.max_iterations=3"]), tmp_path, resume=True)
+        runner = train(configs.load_run_config(tmp_path, ["agent.max_iterations=3"]), tmp_path, resume=True)
     assert f"resumed from {tmp_path / 'model_1.pt'} at iteration 1" in capsys.readouterr().out
     assert runner.iteration == 3 and load_checkpoint(tmp_path / "model_3.pt")["iteration"] == 3

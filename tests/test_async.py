@@ -43,6 +43,7 @@ def _normalizers(runner):
     return [runner.ppo.actor.obs_normalizer, runner.ppo.critic.obs_normalizer]
 
 
+@pytest.mark.bit_exact
 @pytest.mark.parametrize("networks", [(), ("agent.actor.rnn.type=lstm", "agent.critic.rnn.type=gru")],
                          ids=["mlp", "recurrent"])
 def test_async_with_lag_0_equals_sync_bit_for_bit(networks):
@@ -63,6 +64,7 @@ def test_async_with_lag_0_equals_sync_bit_for_bit(networks):
     assert _no_worker_threads()
 
 
+@pytest.mark.bit_exact
 def test_an_update_with_the_machine_to_itself_takes_every_core_and_learns_the_same():
     """agent.update_threads: sync's update, and async's while the actor waits for it, runs with that
     many torch threads; the env steps with the process's (1 under the tests); the weights come out

@@ -112,6 +112,7 @@ def test_per_world_parameters_reach_the_c_model():
     assert solver.world_model(0).body_mass[1] == solver.mj_model.body_mass[1]
 
 
+@pytest.mark.bit_exact
 def test_the_compiled_loop_steps_the_worlds_bit_for_bit_as_the_python_loop(tmp_path, monkeypatch):
     """The threads step their worlds with step_worlds.c (compiled at first use); where no C compiler
     builds it, with the same calls from Python. Both give the same states, warm starts and contact

@@ -56,9 +56,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_ranks_hold_identical_weights_and_learn_like_one_process_with_all_the_envs(tmp_path):
+def test_two_ranks_hold_identical_weights_and_learn_like_one_process_with_all_the_envs(tmp_path, seed, learned):
     iterations = 25
-    result = torchrun(WORKER, str(tmp_path / "two"), *CARTPOLE, "sim.num_envs=128",
+    result = torchrun(WORKER, str(tmp_path / "two"), *CARTPOLE, "sim.num_envs=128", f"seed={seed}",
                       f"agent.max_iterations={iterations}")
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -69,18 +69,20 @@ def test_two_ranks_hold_identical_weights_and_learn_like_one_process_with_all_th
     assert (tmp_path / "two" / "run" / f"model_{iterations}.pt").is_file()
 
     single = subprocess.run([sys.executable, WORKER, str(tmp_path / "one"), *CARTPOLE, "sim.num_envs=256",
-                             f"agent.max_iterations={iterations}"], env=environ(), capture_output=True, text=True,
-                            timeout=300)
+                             f"seed={seed}", f"agent.max_iterations={iterations}"], env=environ(), capture_output=True,
+                            text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
     one = json.loads((tmp_path / "one" / "rank0.json").read_text())
-    # The same samples per update: the episode lengths reached agree within run-to-run noise, which
-    # over seeds 0-3 and 42 (the default) was 134-203 steps for one process and 114-174 for two ranks.
+    # The same samples per update: the episode lengths reached agree within run-to-run noise. Over
+    # training seeds 0-19 the shorter of the two was 78-185 steps (mean 142, sd 28) and 0.49-0.96 of
+    # the longer (mean 0.82, sd 0.12): bounds 60 and 0.4, 3.0 and 3.6 sd below the means.
     lengths = ranks[0]["mean_episode_length"], one["mean_episode_length"]
     print(f"mean episode length after {iterations} iterations: 2 ranks x 128 envs {lengths[0]:.1f}, "
           f"1 process x 256 envs {lengths[1]:.1f}")
-    assert min(lengths) > 60 and max(lengths) / min(lengths) < 2.0
+    learned(shorter_length=(min(lengths), 60.0), shorter_over_longer=(min(lengths) / max(lengths), 0.4))
 
 
+@pytest.mark.bit_exact
 @pytest.mark.parametrize("overrides", [
     pytest.param((*CARTPOLE, "sim.num_envs=32", "agent.mode=async", "agent.actor.rnn.type=lstm",
                   "agent.actor.rnn.hidden_size=32"), id="lstm-async"),

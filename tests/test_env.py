@@ -182,6 +182,7 @@ def test_the_work_a_cpu_skips_is_work_for_no_world():
     assert cpu.success.held.equal(gpu.success.held)
 
 
+@pytest.mark.bit_exact
 @pytest.mark.parametrize("breakage", [float("nan"), 2.0e4])
 def test_a_world_whose_physics_diverges_is_reset_and_counted_and_the_others_go_on_bit_for_bit(breakage):
     """World 2's physics breaks: NaN, or a finite but absurd speed (2e4 rad/s: after the control

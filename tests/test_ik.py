@@ -99,6 +99,7 @@ def test_the_scripted_expert_lifts_the_cube_to_its_goal(task, expert, robot):
     assert env.success.last_succeeded.all(), env.success.last_succeeded
 
 
+@pytest.mark.bit_exact
 def test_expert_demonstrations_are_recorded_and_replay_bit_for_bit(tmp_path):
     out = tmp_path / "demos.h5"
     record_scripted("scripted:legion.tasks.manipulation.expert:lift", 2, out,

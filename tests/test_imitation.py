@@ -7,8 +7,9 @@ import torch
 from tensordict import TensorDict
 
 from conftest import compose, make_runner
-from legion import api, commands
+from legion import api
 from legion.agents.ppo import action_std
+from legion.commands.train import train
 from legion.sim2real.trajectories.record import record_scripted
 
 EXPERT = "scripted:legion.tasks.manipulation.expert:lift"
@@ -30,17 +31,19 @@ def cloning_error(runner) -> float:
     return torch.nn.functional.mse_loss(predicted, runner.labels).item()
 
 
-def test_behaviour_cloning_fits_the_demonstrations(demos):
-    runner = make_runner(*SMALL, "agent=bc", f"agent.imitation.demos=[{demos}]")
+def test_behaviour_cloning_fits_the_demonstrations(demos, seed, learned):
+    """Over training seeds 0-19 the cloning error fell by 96.4-97.4% (bound 80%) and the gripper's
+    sign agreed on 99% of the samples in every seed (bound 95%)."""
+    runner = make_runner(*SMALL, "agent=bc", f"agent.imitation.demos=[{demos}]", f"seed={seed}")
     assert runner.obs.shape == (4 * 100, runner.env.get_observations()["policy"].shape[1])
     before = cloning_error(runner)
     runner.learn(15)
     after = cloning_error(runner)
-    assert after < 0.2 * before, (before, after)
     # the gripper's open/close, the demonstrations' sharpest decision, is reproduced
     with torch.no_grad():
         grip = runner.ppo.actor(TensorDict({"policy": runner.obs}, batch_size=[len(runner.obs)]))[:, 6]
-    assert (grip.sign() == runner.labels[:, 6].sign()).float().mean() > 0.95
+    learned(error_cut=(1 - after / before, 0.8),
+            grip_agreement=((grip.sign() == runner.labels[:, 6].sign()).float().mean().item(), 0.95))
 
 
 def test_dagger_acts_with_the_student_and_labels_with_the_expert():
@@ -58,7 +61,7 @@ def test_dagger_acts_with_the_student_and_labels_with_the_expert():
 
 
 def test_ppo_starts_from_a_cloned_policy(demos, tmp_path):
-    bc = commands.train(compose(*SMALL, "agent=bc", f"agent.imitation.demos=[{demos}]", "agent.max_iterations=5"),
+    bc = train(compose(*SMALL, "agent=bc", f"agent.imitation.demos=[{demos}]", "agent.max_iterations=5"),
                         tmp_path / "bc")
     ppo = make_runner(*SMALL, "agent.actor.init_noise_std=0.2", env=bc.env)
     obs = TensorDict({"policy": bc.obs[:64]}, batch_size=[64])
@@ -98,13 +101,15 @@ def test_demonstrations_of_another_task_robot_or_observation_layout_are_refused(
 def teacher(tmp_path_factory):
     """A quadruped_flat run of one PPO iteration: its policy observes the base's linear velocity."""
     run = tmp_path_factory.mktemp("teacher") / "run"
-    commands.train(compose("task=quadruped_flat", "sim.num_envs=8", "agent.max_iterations=1",
+    train(compose("task=quadruped_flat", "sim.num_envs=8", "agent.max_iterations=1",
                            "agent.num_steps_per_env=8"), run)
     return run
 
 
-def test_a_student_that_measures_less_learns_the_teachers_actions(teacher):
-    runner = make_runner("task=quadruped_flat_deployable", "sim.num_envs=8", "agent=distillation",
+def test_a_student_that_measures_less_learns_the_teachers_actions(teacher, seed, learned):
+    """Over training seeds 0-19 the student explained 90.4-94.6% of the teacher's action variance
+    (mean 93.0%, sd 1.1): the bound, 75%, is 16 sd below the mean."""
+    runner = make_runner("task=quadruped_flat_deployable", "sim.num_envs=8", "agent=distillation", f"seed={seed}",
                          f"agent.imitation.expert=run:{teacher}", "agent.num_steps_per_env=8",
                          "agent.imitation.batch_size=256", "agent.imitation.updates_per_iteration=20")
     layout = runner.env.observation_layout()
@@ -117,7 +122,7 @@ def test_a_student_that_measures_less_learns_the_teachers_actions(teacher):
     runner.learn(10)
     # the share of the teacher's actions (their variance over the visited states) the student explains
     explained = 1 - cloning_error(runner) / runner.labels.var(0).mean().item()
-    assert explained > 0.75, explained  # none learned: <= 0 (the labels have a mean too)
+    learned(explained=(explained, 0.75))  # none learned: <= 0 (the labels have a mean too)
 
 
 def test_a_teacher_of_another_robot_or_action_is_refused_by_name(teacher):

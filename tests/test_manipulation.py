@@ -353,21 +353,13 @@ def test_the_cubes_size_mass_and_friction_are_drawn_per_env_and_a_resized_cube_r
     assert cube.root_pos_w[:, 2].tolist() == pytest.approx(half[:, 2].tolist(), abs=1e-3)
 
 
-def test_a_short_training_of_arm_reach_improves_its_reward():
-    """20 iterations of 128 envs (61k steps) with the target orientation fixed at the home pose's
-    (the full yaw range takes far longer): the deterministic policy's 2 s return rises by more than
-    0.2, a third of the rise seen (0.18 -> 0.76; 2.0 is the most there is)."""
-    before, after = short_training(
-        make_runner("task=arm_reach", "sim.num_envs=128", "task.command.ranges.yaw=[3.1415927,3.1415927]"), 20)
-    assert after["return"] > before["return"] + 0.2
-
-
-def test_a_short_training_of_arm_lift_moves_the_gripper_to_the_cube():
+def test_a_short_training_of_arm_lift_moves_the_gripper_to_the_cube(seed, learned):
     """40 iterations of 128 envs (123k steps): the reach stage comes first; the deterministic
-    policy's 2 s return (the two reach terms: up to 2 per second at the cube) rises by more than
-    0.3, a third of the rise seen (0.135 -> 1.075)."""
-    before, after = short_training(make_runner("task=arm_lift", "sim.num_envs=128"), 40)
-    assert after["return"] > before["return"] + 0.3
+    policy's 2 s return (the two reach terms: up to 2 per second at the cube) rises above both the
+    untrained policy's and holding the home pose's (about 0.13) by more than 0.5. Over training seeds
+    0-19 it rose 0.86-1.61 (mean 1.21, sd 0.19): the bound is 3.7 sd below the mean."""
+    before, after = short_training(make_runner("task=arm_lift", "sim.num_envs=128", f"seed={seed}"), 40)
+    learned(return_rise=(after["return"] - before["return"], 0.5))
 
 
 # --- export and the edge runtime ----------------------------------------------------------------
@@ -399,27 +391,28 @@ def test_arm_policies_export_and_the_edge_runtime_acts_as_the_env(exported):
     assert exported["report"]["policy.onnx"]["max_abs_diff"] <= 1e-5
     runtime = PolicyRunner(exported["out"] / "policy.onnx")
     meta = runtime.metadata
-    assert meta["joint_names"] == env.robot.joint_names and len(meta["joint_names"]) == 9
-    terms = {t["func"]: t["size"] for t in meta["observation"]["terms"]}
+    assert meta.joint_names == env.robot.joint_names and len(meta.joint_names) == 9
+    terms = {t.func: t.size for t in meta.observation.terms}
+    assert meta.command is not None
     if exported["name"].startswith("arm_lift"):
-        assert meta["action"]["joint_ids"] == [0, 1, 2, 3, 4, 5, 6, 7]  # the arm and the coupled fingers' actuator
-        assert meta["command"]["type"] == "position" and meta["command"]["entity"] == "cube"
+        assert meta.action.joint_ids == [0, 1, 2, 3, 4, 5, 6, 7]  # the arm and the coupled fingers' actuator
+        assert meta.command.type == "position" and meta.command.entity == "cube"
         assert terms["object_position"] == 3 and terms["position_command"] == 3
         assert runtime.state_keys == ["joint_pos", "joint_vel", "object_pos"]
         if exported["name"] == "arm_lift_ik":  # the IK's chain travels with it; the TCP is observed by FK
-            task_space = meta["action"]["task_space"]
-            assert task_space["body"] == "tcp" and len(task_space["chain"]["axes"]) == 7
+            task_space = meta.action.task_space
+            assert task_space is not None and task_space.body == "tcp" and len(task_space.chain.axes) == 7
             assert terms["body_position"] == 3 and runtime.policy.num_actions == 7
             # FK runs on the action's chain only: a body_position of another body is refused by name.
             from legion.sim2real.deploy.policy import ObservationTerms, PolicyLoadError
 
             other = copy.deepcopy(meta)
-            next(t for t in other["observation"]["terms"] if t["func"] == "body_position")["params"]["bodies"] = [0]
+            next(t for t in other.observation.terms if t.func == "body_position").params["bodies"] = [0]
             with pytest.raises(PolicyLoadError, match="this policy's action moves no such body"):
-                ObservationTerms(other)
+                ObservationTerms.of(other)
     else:
-        assert meta["action"]["joint_ids"] == list(range(7))
-        assert meta["command"]["type"] == "pose" and meta["command"]["body"] == "tcp" and terms["pose_command"] == 7
+        assert meta.action.joint_ids == list(range(7))
+        assert meta.command.type == "pose" and meta.command.body == "tcp" and terms["pose_command"] == 7
         assert runtime.state_keys == ["joint_pos", "joint_vel"]
         # A target's quaternion with either sign (one orientation) is observed with the sign training drew.
         command = env.command.value[0].numpy()
@@ -433,7 +426,7 @@ def test_arm_policies_export_and_the_edge_runtime_acts_as_the_env(exported):
         return
     # arm_lift clamps targets to the joint limits (the fingers' stroke): asked past them (the
     # action scale made 100x), the targets stop at them, in both.
-    assert runtime.metadata["action"]["clamp_to_limits"] is True
+    assert runtime.metadata.action.clamp_to_limits is True
     scale = env.action.scale
     env.action.scale, runtime.action_scale = 100 * scale, 100 * runtime.action_scale
     try:

@@ -79,13 +79,16 @@ def test_the_async_learner_reevaluates_a_recurrent_actor_on_the_actors_own_seque
         assert not torch.allclose(rollout.actions_log_prob, behaviour_log_prob, atol=1e-3)
 
 
-def test_an_lstm_policy_learns_cartpole_with_async_ppo():
-    runner = make_runner("task=cartpole", *LSTM, "agent.mode=async", "agent.max_policy_lag=1")
+def test_an_lstm_policy_learns_cartpole_with_async_ppo(seed, learned):
+    """Over training seeds 0-19 the episode length grew 4.3-10.8 times (mean 7.3, sd 1.5): the
+    bound, 3, is below every seed and 3.0 sd below the mean. (Async with a lag of 1: which policy
+    acts at which step depends on timing, so a seed's figure varies from run to run as well.)"""
+    runner = make_runner("task=cartpole", *LSTM, "agent.mode=async", "agent.max_policy_lag=1", f"seed={seed}")
     runner.learn(2)
     start_length = runner.mean_episode_length
-    runner.learn(12)  # 20 -> 170 steps after 10 iterations, 450 after 18 (2026-11-26)
+    runner.learn(12)
     print(f"episode length {start_length:.1f} -> {runner.mean_episode_length:.1f} after {runner.iteration} iterations")
-    assert runner.mean_episode_length >= 3 * start_length
+    learned(length_ratio=(runner.mean_episode_length / start_length, 3.0))
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -113,13 +116,14 @@ def test_a_recurrent_run_exports_and_the_runtime_carries_and_resets_its_state(tm
     episodes restarting in between (state carried, zeroed where an episode restarts); a new
     ControlLoop starts the runtime's policy afresh."""
     from legion.sim2real.deploy import ControlLoop, OnnxPolicy, PolicyRunner
+    from legion.sim2real.deploy.contract import Recurrent
 
     made = export_untrained_run(tmp_path, "task=quadruped_flat", "agent.actor.rnn.type=gru",
                                 "agent.actor.rnn.hidden_size=32", "agent.actor.rnn.num_layers=2")
     assert made["report"]["policy.onnx"]["max_abs_diff"] <= 1e-5
     env, actor = made["env"], made["runner"].ppo.get_policy()
     policy = OnnxPolicy(made["out"] / "policy.onnx")
-    assert policy.recurrent == {"type": "gru", "hidden_size": 32, "num_layers": 2}
+    assert policy.recurrent == Recurrent(type="gru", hidden_size=32, num_layers=2)
     state, error, restarts = policy.initial_state(env.num_envs), 0.0, 0
     with torch.inference_mode():
         actor.reset()
@@ -144,6 +148,7 @@ def test_a_recurrent_run_exports_and_the_runtime_carries_and_resets_its_state(tm
     assert all(not s.any() for s in runner.hidden) and not runner.last_action.any()
 
 
+@pytest.mark.bit_exact
 def test_a_recurrent_run_resumes_bit_identically_on_the_cpu_in_sync_mode(tmp_path, capsys):
     """Four iterations in one go, and two, a checkpoint, and two more in a new runner from it: the
     same weights, physics and recurrent states bit for bit. The quadruped has what a resume must

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import SMALL_TERRAIN, compose, make_env, make_runner, short_training
+from conftest import compose, make_env, make_runner, short_training
 from legion.configs.schema import Actuator, Robot, Scene
 from legion.tasks.mdp.actions import per_joint_scale
 from legion.tasks.sim import NewtonSim
@@ -136,24 +136,6 @@ def test_the_dc_motor_gives_its_torque_limit_at_stall_and_less_as_it_speeds_up(t
     assert math.isclose(float(pd.robot.joint_stiffness[0, 0]), 1000.0)
 
 
-# robot, its task and overrides, iterations; what rises (the deterministic policy's 2 s return) or
-# falls (the share of worlds that fall), by more than about half of what was seen: 128 envs each.
-SHORT_TRAININGS = {
-    # rough terrain (3 levels): the first thing the Go2 learns is not to fall (10.2% -> 1.6% of the
-    # worlds; its return dips meanwhile, 0.539 -> 0.468, as it stops tracking to stay up)
-    "go2_rough": ("go2", ["task=quadruped_rough", *SMALL_TERRAIN], 10, {"ended": -0.04}),
-    # 29 DoF: 91.4% -> 89.1% of the worlds fall within 2 s, return -2.881 -> -2.752. The adaptive
-    # schedule's KL bound cuts the learning rate to 1e-5 within a few iterations of an untrained
-    # humanoid (and then the return only drifts): a fixed rate here.
-    "g1_flat": ("g1", ["task=biped_flat", "agent.algorithm.schedule=fixed", "agent.algorithm.learning_rate=5e-4"],
-                20, {"return": 0.075}),
-    # the target at the home pose's yaw (the full range takes longer; see test_manipulation): -0.187 -> 0.388
-    "panda_reach": ("panda", ["task=arm_reach", "task.command.ranges.yaw=[3.1415927,3.1415927]"], 15,
-                    {"return": 0.25}),
-    "panda_lift": ("panda", ["task=arm_lift"], 40, {"return": 0.5}),  # reach, then grasp: 0.242 -> 1.433
-}
-
-
 @pytest.mark.parametrize("backend", ["c", "warp"])
 def test_a_motor_delay_holds_the_old_target_for_its_physics_steps_and_a_reset_forgets_it(tmp_path, backend):
     """delay=5: a new target reaches the motor 5 physics steps late, across control steps of 3
@@ -184,10 +166,9 @@ def test_a_motor_delay_holds_the_old_target_for_its_physics_steps_and_a_reset_fo
 
 
 @needs_robots
-@pytest.mark.parametrize("case", SHORT_TRAININGS)
-def test_a_short_training_of_each_robots_tasks_improves_it(case):
-    robot, overrides, iterations, change = SHORT_TRAININGS[case]
-    torch.manual_seed(0)
-    before, after = short_training(make_runner(*overrides, f"robot={robot}", "sim.num_envs=128"), iterations)
-    for key, least in change.items():  # a rise (> 0) or a fall (< 0) of at least |least|
-        assert (after[key] - before[key]) * (1 if least > 0 else -1) > abs(least), (before, after)
+def test_a_short_training_of_the_panda_moves_its_gripper_to_the_cube(seed, learned):
+    """arm_lift on the Panda, 40 iterations of 128 envs: the deterministic policy's 2 s return rises
+    above both the untrained policy's and holding the home pose's by more than 0.5. Over training
+    seeds 0-19 it rose 0.71-2.00 (mean 1.37, sd 0.29): the bound is 2.9 sd below the mean."""
+    before, after = short_training(make_runner("task=arm_lift", "robot=panda", "sim.num_envs=128", f"seed={seed}"), 40)
+    learned(return_rise=(after["return"] - before["return"], 0.5))

@@ -50,6 +50,7 @@ def test_layout_comes_from_the_model(quad_pair):
     assert robot.effort_limits.tolist() == pytest.approx([23.7, 23.7, 45.43] * 4)
 
 
+@pytest.mark.bit_exact
 def test_graph_step_equals_eager_step_bit_for_bit(quad_pair):
     graph, eager = quad_pair
     assert graph.graph is not None and eager.graph is None

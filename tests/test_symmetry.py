@@ -107,8 +107,12 @@ def test_mirror_maps_that_cannot_be_right_are_refused_by_name():
         Mirror(make_env("task=arm_reach", "sim.num_envs=1"))
 
 
-def test_ppo_with_the_mirror_loss_makes_the_policy_its_own_mirror_image():
-    runner = make_runner("task=quadruped_flat", "sim.num_envs=16", "agent.num_steps_per_env=8",
+def test_ppo_with_the_mirror_loss_makes_the_policy_its_own_mirror_image(seed, learned):
+    """10 iterations of 16 envs: the mirror loss the update minimizes falls, and so does the policy's
+    asymmetry on the envs' observations. Over training seeds 0-19 the loss fell by 0.0004-0.0029 of
+    about 0.003 (mean 0.0017, sd 0.0007) and the asymmetry by 9-93% (mean 73%, sd 18%; one seed
+    started nearly symmetric, 0.0020 -> 0.0019): both bounds are 0, 2.5 and 4.0 sd below the means."""
+    runner = make_runner("task=quadruped_flat", "sim.num_envs=16", "agent.num_steps_per_env=8", f"seed={seed}",
                          "agent.symmetry.augmentation=true", "agent.symmetry.mirror_loss=true",
                          "agent.symmetry.mirror_loss_coeff=10")
     env, policy = runner.env, runner.ppo.get_policy()
@@ -121,7 +125,8 @@ def test_ppo_with_the_mirror_loss_makes_the_policy_its_own_mirror_image():
     losses, update = [], runner.ppo.update
     runner.ppo.update = lambda: losses.append(update()) or losses[-1]
     before = asymmetry()
-    runner.learn(4)
+    runner.learn(10)
     after = asymmetry()
     print(f"asymmetry {before:.4f} -> {after:.4f}, mirror loss {[round(x['symmetry'], 4) for x in losses]}")
-    assert losses[-1]["symmetry"] < losses[0]["symmetry"] and after < 0.5 * before
+    learned(asymmetry_cut=(1 - after / before, 0.0),
+            mirror_loss_drop=(losses[0]["symmetry"] - losses[-1]["symmetry"], 0.0))

@@ -1,0 +1,103 @@
+"""PPO's update on a CPU: samples/s at each thread count, under each of MKL's numerical modes and
+torch's CPU dispatches, and whether the weights come out the same on every thread count.
+
+legion-rl sets ``MKL_CBWR=AUTO,STRICT`` (MKL's conditional numerical reproducibility, strict: a
+matrix product's result does not depend on the thread count) so that an update on every core
+gives the weights of one thread bit for bit. This measures what that costs against MKL's default
+(``MKL_CBWR=OFF``), and which settings keep the weights identical across thread counts.
+
+Each (MKL mode, dispatch) runs in a process of its own (MKL reads ``MKL_CBWR`` at its first
+call): it collects one rollout of the task, then runs the update from that same state (weights,
+optimizer, random generator) ``--repeats`` times per thread count and reports the median time.
+"same weights" compares the weights after one update on each thread count with those of the
+first thread count, bit for bit.
+
+    python bench/update.py [--task quadruped_flat] [--num-envs 1024] [--threads 1 2] [--repeats 5]
+    python bench/update.py --modes OFF AUTO,STRICT --dispatches default avx2 avx512
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+
+def worker(task: str, num_envs: int, threads: list[int], repeats: int, overrides: list[str]) -> dict:
+    """In this process (its MKL mode and dispatch set by the caller): the update's median seconds per
+    thread count, and whether each thread count's weights equal the first's."""
+    import statistics
+    import time
+
+    from common import compose, make_env, make_runner, torch
+    from legion.agents.ppo import clone_tree, load_policy_state, policy_state
+
+    cfg = compose(f"task={task}", f"sim.num_envs={num_envs}", "agent.mode=sync", *overrides)
+    torch.manual_seed(cfg.seed)
+    runner = make_runner(make_env(cfg), cfg.agent)
+    runner.learn(1)  # a rollout, its returns, and a first update
+    ppo, start, rng = runner.ppo, clone_tree(policy_state(runner.ppo)), torch.get_rng_state()
+    seconds, weights = {}, {}
+    for count in threads:
+        torch.set_num_threads(count)
+        times = []
+        for _ in range(repeats):
+            load_policy_state(ppo, clone_tree(start))
+            torch.set_rng_state(rng)  # the same mini-batches
+            t0 = time.perf_counter()
+            ppo.update()
+            times.append(time.perf_counter() - t0)
+        seconds[count] = statistics.median(times)
+        weights[count] = [t.clone() for m in (ppo.actor, ppo.critic) for t in m.state_dict().values()]
+    first = weights[threads[0]]
+    return {"capability": torch.backends.cpu.get_cpu_capability(),
+            "samples": cfg.agent.num_steps_per_env * num_envs,  # a rollout, as the progress line counts
+            "seconds": seconds,
+            "same": {c: all(torch.equal(a, b) for a, b in zip(first, weights[c])) for c in threads}}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="quadruped_flat")
+    parser.add_argument("--num-envs", type=int, default=1024)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, len(os.sched_getaffinity(0))])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--modes", nargs="+", default=["OFF", "AUTO,STRICT"],
+                        help="values of MKL_CBWR (OFF: MKL's default; AUTO,STRICT: legion-rl's)")
+    parser.add_argument("--dispatches", nargs="+", default=[""],
+                        help="values of ATEN_CPU_CAPABILITY (default, avx2, avx512; empty: torch's choice)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides (e.g. robot=go2)")
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.task, args.num_envs, args.threads, args.repeats, args.overrides)))
+        return
+
+    from common import print_table, write_json
+
+    rows, baseline = [], {}
+    for dispatch in args.dispatches:
+        for mode in args.modes:
+            env = {**os.environ, "MKL_CBWR": mode, "OMP_NUM_THREADS": str(max(args.threads))}
+            env.pop("ATEN_CPU_CAPABILITY", None)
+            if dispatch:
+                env["ATEN_CPU_CAPABILITY"] = dispatch
+            out = subprocess.run([sys.executable, __file__, "--worker", "--task", args.task, "--num-envs",
+                                  str(args.num_envs), "--threads", *map(str, args.threads), "--repeats",
+                                  str(args.repeats), *args.overrides], env=env, capture_output=True, text=True,
+                                 check=True).stdout
+            result = json.loads(out.strip().splitlines()[-1])
+            for count in args.threads:
+                s = result["seconds"][str(count)]
+                key = (result["capability"], count)
+                baseline.setdefault(key, s)  # the first mode is the reference
+                rows.append({"MKL_CBWR": mode, "dispatch": result["capability"], "threads": count,
+                             "update s": s, "samples/s": result["samples"] / s,
+                             "time vs first mode": s / baseline[key],
+                             f"same weights as {args.threads[0]} thread(s)": result["same"][str(count)]})
+    print_table(rows)
+    print(f"wrote {write_json('update', rows, task=args.task, num_envs=args.num_envs, repeats=args.repeats)}")
+
+
+if __name__ == "__main__":
+    main()
