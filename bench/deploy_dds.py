@@ -11,7 +11,7 @@ state estimate a Go2 publishes), and the control loop's tick latency (read -> wr
 and deadline misses; from the bridge: ticks later than one period (of 500 Hz). Then `legion
 sim2sim` on the same export and commands (Newton, and MuJoCo in process).
 
-Goal (issue 31): tracking within 10% of sim2sim's figure (mean forward error over the commands).
+Goal: tracking within 10% of sim2sim's figure (mean forward error over the commands).
 
     python bench/deploy_dds.py --run runs/quadruped_flat/<go2 run> [--seconds 10] [--robot go2]
 
@@ -30,6 +30,7 @@ import numpy as np
 from common import print_table, write_json
 from legion.sim2real import sim2sim as s2s
 from legion.sim2real.deploy import unitree
+from legion.sim2real.deploy.contract import PolicyContract
 
 
 def over_dds(folder: Path, robot: str, command, seconds: float, log_dir: Path, domain: int) -> tuple[dict, dict]:
@@ -46,13 +47,12 @@ def over_dds(folder: Path, robot: str, command, seconds: float, log_dir: Path, d
     late = [int(line.split("late ticks ")[1].split()[0]) for line in out.splitlines() if "late ticks" in line]
     log = np.load(result["log"])
     meta = json.loads(str(log["meta"]))
-    runner_meta = json.loads((folder / "policy.json").read_text())
+    contract = PolicyContract.load(folder / "policy.json")
     policy = log["mode"] == 0
     lin, ang = log["base_lin_vel"][policy], log["base_ang_vel"][policy]
-    fall = runner_meta["fall"]
-    low = np.flatnonzero(log["base_pos"][policy][:, 2] < (fall["min_base_height"] or -np.inf))
+    low = np.flatnonzero(log["base_pos"][policy][:, 2] < (contract.fall.min_base_height or -np.inf))
     fell_at = int(low[0]) if len(low) else (len(lin) if result["stopped"] else None)
-    row = s2s.episode_metrics(command, lin, ang, fell_at, meta["control_dt"], runner_meta["tracking"])
+    row = s2s.episode_metrics(command, lin, ang, fell_at, meta["control_dt"], contract.tracking)
     timing = {"ticks": result["ticks"], "latency_p50_us": result["latency_p50_us"],
               "latency_p99_us": result["latency_p99_us"], "deadline_misses": result["misses"],
               "holds": result["hold"], "bridge_late_ticks": late[-1] if late else None}
@@ -60,7 +60,7 @@ def over_dds(folder: Path, robot: str, command, seconds: float, log_dir: Path, d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--run", required=True, help="a run folder with exported/ (legion export) or an export folder")
     parser.add_argument("--robot", default="go2")
     parser.add_argument("--seconds", type=float, default=10.0, help="policy phase per command")

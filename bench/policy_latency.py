@@ -13,7 +13,7 @@ state dict -> joint targets) two ways, timed in turn in blocks (so both see the 
   offsets and scales as one Sub and one Mul) with the same state checks and targets around it;
 
 and their parts: (a)'s numpy observation alone, (b)'s session.run alone.
-Goals: onnxruntime median <= 50 us, p99 <= 200 us (issue 5); PolicyRunner.act p99 <= 100 us
+Goals: onnxruntime median <= 50 us, p99 <= 200 us; PolicyRunner.act p99 <= 100 us
 (the edge latency budget), on this CPU.
 
     python bench/policy_latency.py [--calls 10000]
@@ -26,10 +26,12 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
-from common import ROOT, print_table, torch, write_json
+from common import print_table, torch, write_json
+from legion.sim2real.deploy.contract import PolicyContract
 
 
 def timed(fn, calls: int) -> dict:
@@ -75,14 +77,19 @@ class ObservationInGraph(torch.nn.Module):
                "velocity_commands": "command", "joint_pos_rel": "joint_pos", "joint_vel": "joint_vel",
                "last_action": "last_action"}
 
-    def __init__(self, actor: torch.nn.Module, metadata: dict):
+    offset: torch.Tensor  # buffers (register_buffer), typed for the checker
+    scale: torch.Tensor
+    gravity: torch.Tensor
+    gravity_bias: torch.Tensor
+
+    def __init__(self, actor: torch.nn.Module, contract: PolicyContract):
         super().__init__()
         self.actor = actor
-        terms = metadata["observation"]["terms"]
-        unknown = [t["func"] for t in terms if t["func"] not in self.SOURCES or t["clip"] is not None]
+        terms = contract.observation.terms
+        unknown = [t.func for t in terms if t.func not in self.SOURCES or t.clip is not None]
         if unknown:
             raise ValueError(f"the prototype does not compute {unknown}")
-        self.sources = [self.SOURCES[t["func"]] for t in terms]
+        self.sources = [self.SOURCES[t.func] for t in terms]
         # Gravity (0, 0, -1) in the base frame from the quaternion's outer product q q^T (16,):
         # -(2 (xz - wy), 2 (yz + wx), 1 - 2 (x^2 + y^2)).
         x, y, z, w = range(4)
@@ -92,10 +99,9 @@ class ObservationInGraph(torch.nn.Module):
             gravity[4 * i + j, column] = value
         self.register_buffer("gravity", gravity)
         self.register_buffer("gravity_bias", torch.tensor([0.0, 0.0, -1.0]))
-        default = torch.tensor(metadata["default_joint_pos"])
-        offset = [default if t["func"] == "joint_pos_rel" else torch.zeros(t["size"]) for t in terms]
-        scale = [torch.broadcast_to(torch.tensor(t["scale"], dtype=torch.float32).reshape(-1), (t["size"],))
-                 for t in terms]
+        default = torch.tensor(contract.default_joint_pos)
+        offset = [default if t.func == "joint_pos_rel" else torch.zeros(t.size) for t in terms]
+        scale = [torch.broadcast_to(torch.tensor(t.scale, dtype=torch.float32).reshape(-1), (t.size,)) for t in terms]
         self.register_buffer("offset", torch.cat(offset)[None])
         self.register_buffer("scale", torch.cat(scale)[None])
 
@@ -115,7 +121,8 @@ class ObservationInGraph(torch.nn.Module):
         names = list(self.INPUTS)
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            torch.onnx.export(self.eval(), tuple(torch.from_numpy(example[n]) for n in names), buffer,
+            torch.onnx.export(self.eval(), tuple(torch.from_numpy(example[n]) for n in names),
+                              buffer,  # pyright: ignore[reportArgumentType]  (the legacy exporter writes to a file object)
                               opset_version=OPSET, input_names=names, output_names=["actions"],
                               dynamic_axes={n: {0: "batch"} for n in [*names, "actions"]}, dynamo=False)
         return buffer.getvalue()
@@ -177,7 +184,7 @@ def main():
     # A tilted, moving robot: the values change no work, they make the check of (b) against (a) mean something.
     rng = np.random.default_rng(0)
     quat = rng.normal(size=4).astype(np.float32)
-    state = {"joint_pos": np.asarray(meta["default_joint_pos"], np.float32) + rng.normal(0, 0.1, 12).astype(np.float32),
+    state = {"joint_pos": np.asarray(meta.default_joint_pos, np.float32) + rng.normal(0, 0.1, 12).astype(np.float32),
              "joint_vel": rng.normal(0, 2, 12).astype(np.float32), "base_quat": quat / np.linalg.norm(quat),
              "base_lin_vel": rng.normal(0, 0.5, 3).astype(np.float32),
              "base_ang_vel": rng.normal(0, 0.5, 3).astype(np.float32), "base_pos": np.array([0, 0, 0.3], np.float32)}
@@ -196,11 +203,11 @@ def main():
         runner.check_state(state)
         if abs(math.hypot(*state["base_quat"].tolist()) - 1.0) > QUAT_NORM_TOLERANCE:
             raise StateError("base_quat is not a unit quaternion")
-        action = session_b.run(None, {
+        action = cast(list[np.ndarray], session_b.run(None, {
             "joint_pos": state["joint_pos"][None], "joint_vel": state["joint_vel"][None],
             "base_quat": state["base_quat"][None], "base_lin_vel": state["base_lin_vel"][None],
             "base_ang_vel": state["base_ang_vel"][None], "command": command[None],
-            "last_action": previous["action"][None]})[0][0]
+            "last_action": previous["action"][None]}))[0][0]
         targets = runner.action_offset + runner.action_scale * action
         if not math.isfinite(sum(targets.tolist())):
             raise NonFiniteError("non-finite policy output")
@@ -230,7 +237,7 @@ def main():
           f"nodes, the actor alone {len(fp32.graph.node)}; (b) actions = (a) actions within {mismatch:.1g}")
     out = write_json("policy_latency", rows, calls=args.calls, network="48 -> [512, 256, 128] ELU -> 12",
                      onnxruntime=ort.__version__, goal_met=goal, edge_budget_met={"a": edge["(a)"], "b": edge["(b)"]})
-    print(f"wrote {out.relative_to(ROOT)}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ Fault drills (``faults``, for testing a controller's safety layer): ``silent`` s
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ import numpy as np
 from cyclonedds.pub import DataWriter
 from cyclonedds.topic import Topic
 
+from legion.sim2real.deploy.contract import PolicyContract
 from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot, find_id
 from legion.sim2real.deploy.unitree import (
     LOWCMD,
@@ -65,9 +65,9 @@ class UnitreeBridge:
                              "version of legion (`legion export`), from a run trained with sim.solver=mujoco.")
         if robot not in ROBOTS:
             raise ValueError(f"robot={robot}: known Unitree robots are {sorted(ROBOTS)}")
-        meta = json.loads((folder / "policy.json").read_text())
+        meta = PolicyContract.load(folder / "policy.json")
         self.spec = ROBOTS[robot]
-        self.motors = motor_order(self.spec, meta["joint_names"])  # motor index of each policy joint
+        self.motors = motor_order(self.spec, meta.joint_names)  # motor index of each policy joint
         self.sim = MuJoCoRobot(folder / "robot.mjb", meta)
         self.sim.model.opt.timestep = self.period = 1.0 / rate_hz
         if not self.sim.explicit_pd:

@@ -23,14 +23,33 @@ TensorRT's ONNX parser supports (``TENSORRT_OPS``); the edge runtime loads the f
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import io
 import json
-import re
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from legion.sim2real.deploy.contract import (
+    METADATA_VERSION,
+    Action,
+    Actuator,
+    Command,
+    ExportedFile,
+    Fall,
+    HeightScan,
+    Observation,
+    ObservationTerm,
+    Onnx,
+    PolicyContract,
+    Recurrent,
+    TaskSpace,
+    TaskSpaceChain,
+    Tracking,
+    TrackingTerm,
+)
 
 if TYPE_CHECKING:
     from legion.api import LoadedRun
@@ -66,9 +85,10 @@ def legion_version() -> str:
 
 
 # --- metadata --------------------------------------------------------------------------------
-def build_metadata(loaded: LoadedRun, actor) -> dict:
-    """Everything a robot needs besides the network, as JSON-able values (lists, floats, str), from
-    a loaded run (:class:`legion.api.LoadedRun`): its env, its runner and its config."""
+def build_metadata(loaded: LoadedRun, actor) -> PolicyContract:
+    """Everything a robot needs besides the network (:class:`PolicyContract`, plain JSON values:
+    lists, floats, str), from a loaded run (:class:`legion.api.LoadedRun`): its env, its runner and
+    its config."""
     import torch
 
     from legion.tasks.mdp import rewards, terminations
@@ -81,7 +101,9 @@ def build_metadata(loaded: LoadedRun, actor) -> dict:
     terms, start = [], 0
     for group in actor.obs_groups:  # the actor's input is its groups concatenated in this order
         for entry in layout[group]:
-            terms.append({**entry, "group": group, "start": start})
+            terms.append(ObservationTerm(name=entry["name"], func=entry["func"], group=group, start=start,
+                                         size=entry["size"], scale=entry["scale"], clip=entry["clip"],
+                                         params=entry["params"]))
             start += entry["size"]
     # The enabled event terms as configured, with the ranges in effect at the checkpoint (a
     # curriculum may have moved them).
@@ -89,34 +111,34 @@ def build_metadata(loaded: LoadedRun, actor) -> dict:
     for name, entry in env.state_dict()["randomization"].items():
         spec = dataclasses.asdict(task.events[name])
         randomization[name] = {**{k: v for k, v in spec.items() if v is not None}, **entry}
-    tracking: dict[str, dict | None] = {"lin_vel_xy": None, "ang_vel_z": None}
+    tracking = Tracking(lin_vel_xy=None, ang_vel_z=None)
     for term in env.reward_terms:
         for key, func in (("lin_vel_xy", rewards.track_lin_vel_xy_exp), ("ang_vel_z", rewards.track_ang_vel_z_exp)):
             if term.func is func:
-                tracking[key] = {"weight": term.weight, "std": term.params["std"]}
-    fall = {"contact_bodies": [], "contact_threshold": None, "min_base_height": None}
+                setattr(tracking, key, TrackingTerm(weight=term.weight, std=term.params["std"]))
+    fall = Fall(contact_bodies=[], contact_threshold=None, min_base_height=None)
     for term in env.termination_terms:
         if term.func is terminations.illegal_contact:
-            fall["contact_bodies"] += [robot.body_names[i] for i in term.params["bodies"].tolist()]
-            fall["contact_threshold"] = term.params["threshold"]
+            fall.contact_bodies += [robot.body_names[i] for i in term.params["bodies"].tolist()]
+            fall.contact_threshold = term.params["threshold"]
         elif term.func is terminations.base_height_below:
-            fall["min_base_height"] = term.params["height"]
-    scan = next((t for t in terms if t["func"] == "height_scan"), None)
+            fall.min_base_height = term.params["height"]
+    scan = next((t for t in terms if t.func == "height_scan"), None)
     height_scan = None
     if scan is not None:  # the points a robot reports terrain heights at, in this order
         from legion.tasks.mdp.observations import scan_points
 
-        params = scan["params"]
+        params = scan.params
         points = scan_points(tuple(params["size"]), float(params["resolution"]))
-        height_scan = {"points": [[round(v, 6) for v in p] for p in points.tolist()], "offset": params["offset"],
-                       "frame": "base heading (yaw only): x forward, y left [m]",
-                       "value": "terrain height - base height at each point [m] (robot state key height_scan)"}
+        height_scan = HeightScan(points=[[round(v, 6) for v in p] for p in points.tolist()], offset=params["offset"],
+                                 frame="base heading (yaw only): x forward, y left [m]",
+                                 value="terrain height - base height at each point [m] (robot state key height_scan)")
     recurrent = None
     if getattr(actor, "is_recurrent", False):
         rnn = actor.rnn.rnn
-        recurrent = {"type": "lstm" if isinstance(rnn, torch.nn.LSTM) else "gru", "hidden_size": rnn.hidden_size,
-                     "num_layers": rnn.num_layers}
-    state_names = [] if not recurrent else ["h_in", "c_in"] if recurrent["type"] == "lstm" else ["h_in"]
+        recurrent = Recurrent(type="lstm" if isinstance(rnn, torch.nn.LSTM) else "gru", hidden_size=rnn.hidden_size,
+                              num_layers=rnn.num_layers)
+    state_names = [] if not recurrent else ["h_in", "c_in"] if recurrent.type == "lstm" else ["h_in"]
     inputs = ["obs"] + state_names
     outputs = ["actions"] + [name.replace("_in", "_out") for name in inputs[1:]]
 
@@ -126,66 +148,76 @@ def build_metadata(loaded: LoadedRun, actor) -> dict:
 
     nominal = robot.defaults  # world 0 holds the model's own values before randomization
     scale = env.action.scale  # one value, or one per joint (robot.action_scale)
-    action = {"type": task.action.type, "joint_ids": env.action.joint_ids.tolist(),
-              "scale": floats(scale) if isinstance(scale, torch.Tensor) else float(scale),
-              "offset": floats(env.action.offset[0]), "clip": env.action.clip,
-              "clamp_to_limits": env.action.clamp_to_limits, "max_target_rate": env.action.max_target_rate}
+    task_space = None
     if task.action.type == "task_space":  # what the runtime's IK needs (sim2real/deploy/policy.py TaskSpaceTargets)
         term, chain = env.action, env.action.chain
-        action["task_space"] = {
-            "body": chain.body, "body_id": robot.body_names.index(chain.body), "mode": term.mode,
-            "rotation_scale": term.rotation_scale, "damping": term.damping,  # (its position scale: action.scale)
-            "max_error": term.max_error, "gripper_joint_ids": term.gripper_ids.tolist(),
-            "chain": {"joint_ids": chain.joint_ids, "revolute": chain.revolute, "axes": floats(chain.axes),
-                      "parent_frames": floats(chain.parent_frames), "inv_child_frames": floats(chain.inv_child_frames),
-                      "tip": floats(chain.tip)}}
-    command = dataclasses.asdict(task.command) if task.command else None
-    if command is not None and isinstance(env.command, PoseCommand):  # its quaternion takes this one's sign
-        command["quat_reference"] = floats(env.command.reference)
-    return {
-        "metadata_version": 2,
-        "legion_version": legion_version(),
-        "task": task.name,
-        "robot": task.scene.robot.file,
-        "checkpoint": loaded.checkpoint.name,
-        "iteration": int(loaded.runner.iteration),
-        "config_sha256": hashlib.sha256((loaded.run / "config.yaml").read_bytes()).hexdigest(),
-        "joint_names": list(robot.joint_names),
-        "default_joint_pos": floats(robot.default_joint_pos[0]),
-        "default_root_height": task.scene.robot.root_height,
+        task_space = TaskSpace(
+            body=chain.body, body_id=robot.body_names.index(chain.body), mode=term.mode,
+            rotation_scale=term.rotation_scale, damping=term.damping,  # (its position scale: action.scale)
+            max_error=term.max_error, gripper_joint_ids=term.gripper_ids.tolist(),
+            chain=TaskSpaceChain(joint_ids=chain.joint_ids, revolute=chain.revolute, axes=floats(chain.axes),
+                                 parent_frames=floats(chain.parent_frames),
+                                 inv_child_frames=floats(chain.inv_child_frames), tip=floats(chain.tip)))
+    action = Action(type=task.action.type, joint_ids=env.action.joint_ids.tolist(),
+                    scale=floats(scale) if isinstance(scale, torch.Tensor) else float(scale),
+                    offset=floats(env.action.offset[0]), clip=env.action.clip,
+                    clamp_to_limits=env.action.clamp_to_limits, max_target_rate=env.action.max_target_rate,
+                    task_space=task_space)
+    command = None
+    if task.command is not None:
+        configured = task.command
+        command = Command(type=configured.type, ranges={k: list(v) for k, v in configured.ranges.items()},
+                          resampling_time_s=configured.resampling_time_s,
+                          standing_fraction=configured.standing_fraction, entity=configured.entity,
+                          body=configured.body,
+                          # a pose's quaternion takes this one's sign
+                          quat_reference=floats(env.command.reference) if isinstance(env.command, PoseCommand)
+                          else None)
+    return PolicyContract(
+        metadata_version=METADATA_VERSION,
+        legion_version=legion_version(),
+        task=task.name,
+        robot=task.scene.robot.file,
+        checkpoint=loaded.checkpoint.name,
+        iteration=int(loaded.runner.iteration),
+        config_sha256=hashlib.sha256((loaded.run / "config.yaml").read_bytes()).hexdigest(),
+        joint_names=list(robot.joint_names),
+        default_joint_pos=floats(robot.default_joint_pos[0]),
+        default_root_height=task.scene.robot.root_height,
         # The base's centre of mass in its frame: the base velocity training observed is its velocity
         # (sim2real/deploy/policy.py com_velocity), a state estimator's is the frame origin's.
-        "base_com": floats(nominal["body_com"][0, 0]) if robot.floating_base else [0.0, 0.0, 0.0],
-        "action": action,
-        "joint_stiffness": floats(nominal["joint_stiffness"][0]),
-        "joint_damping": floats(nominal["joint_damping"][0]),
-        "effort_limits": floats(robot.effort_limits),
-        "joint_armature": floats(nominal["joint_armature"][0]),
-        "joint_friction": floats(nominal["joint_friction"][0]),
+        base_com=floats(nominal["body_com"][0, 0]) if robot.floating_base else [0.0, 0.0, 0.0],
+        action=action,
+        joint_stiffness=floats(nominal["joint_stiffness"][0]),
+        joint_damping=floats(nominal["joint_damping"][0]),
+        effort_limits=floats(robot.effort_limits),
+        joint_armature=floats(nominal["joint_armature"][0]),
+        joint_friction=floats(nominal["joint_friction"][0]),
         # Per joint, the drive the policy was trained with (configs/robot/): implicit PD, or a DC
         # motor whose torque falls from saturation_effort at stall to zero at velocity_limit.
-        "actuators": [{"model": a.model, "saturation_effort": a.saturation_effort, "velocity_limit": a.velocity_limit}
-                      if a is not None and a.model == "dc_motor" else {"model": "implicit"}
-                      for a in joint_actuators(task.scene.robot, robot.joint_names)],
-        "joint_limits": floats(robot.joint_limits),
-        "control_dt": float(env.step_dt),
-        "physics_dt": float(env.sim.physics_dt),
-        "decimation": int(env.sim.decimation),
-        "observation": {"groups": list(actor.obs_groups), "size": start, "terms": terms},
-        "command": command,
-        "randomization": randomization,
-        "ground_friction": task.scene.ground.friction if task.scene.ground else None,
-        "tracking": tracking,
-        "fall": fall,
-        "height_scan": height_scan,
-        "normalizer": "in the graph: (obs - mean) / (std + eps)" if actor.obs_normalization else "none",
-        "onnx": {"opset": OPSET, "inputs": inputs, "outputs": outputs, "recurrent": recurrent,
-                 "obs_dim": start, "num_actions": env.num_actions},
-    }
+        actuators=[Actuator(model="dc_motor", saturation_effort=a.saturation_effort, velocity_limit=a.velocity_limit)
+                   if a is not None and a.model == "dc_motor" else
+                   Actuator(model="implicit", saturation_effort=None, velocity_limit=None)
+                   for a in joint_actuators(task.scene.robot, robot.joint_names)],
+        joint_limits=floats(robot.joint_limits),
+        control_dt=float(env.step_dt),
+        physics_dt=float(env.sim.physics_dt),
+        decimation=int(env.sim.decimation),
+        observation=Observation(groups=list(actor.obs_groups), size=start, terms=terms),
+        command=command,
+        randomization=randomization,
+        ground_friction=task.scene.ground.friction if task.scene.ground else None,
+        tracking=tracking,
+        fall=fall,
+        height_scan=height_scan,
+        normalizer="in the graph: (obs - mean) / (std + eps)" if actor.obs_normalization else "none",
+        onnx=Onnx(opset=OPSET, inputs=inputs, outputs=outputs, recurrent=recurrent, obs_dim=start,
+                  num_actions=env.num_actions),
+    )
 
 
 # --- export and verification -----------------------------------------------------------------
-def to_onnx(actor, metadata: dict | None = None):
+def to_onnx(actor, metadata: PolicyContract | None = None):
     """The deterministic actor (normalizer included) as an ``onnx.ModelProto``, with the metadata
     in ``metadata_props`` if given."""
     import onnx
@@ -207,16 +239,17 @@ def to_onnx(actor, metadata: dict | None = None):
     return with_metadata(model, metadata) if metadata else model
 
 
-def with_metadata(model, metadata: dict):
+def with_metadata(model, metadata: PolicyContract):
+    """``model`` with the contract in its ``metadata_props``, one JSON value per top-level field."""
     del model.metadata_props[:]
-    for key, value in metadata.items():
+    for key, value in metadata.embedded().items():
         model.metadata_props.add(key=key, value=json.dumps(value))
-    model.producer_name, model.producer_version = "legion-rl", metadata["legion_version"]
-    model.doc_string = f"legion-rl policy for task {metadata['task']} ({metadata['checkpoint']})"
+    model.producer_name, model.producer_version = "legion-rl", metadata.legion_version
+    model.doc_string = f"legion-rl policy for task {metadata.task} ({metadata.checkpoint})"
     return model
 
 
-def to_fp16(model, metadata: dict | None = None):
+def to_fp16(model, metadata: PolicyContract | None = None):
     """float16 weights and arithmetic; inputs and outputs stay float32 (Cast nodes at the edges)."""
     from onnxruntime.transformers import float16
 
@@ -321,12 +354,11 @@ def sample_observations(env, actor, steps: int) -> list:
     return observations
 
 
-def export_policy(actor, metadata: dict, observations: list, out_dir: Path) -> dict:
+def export_policy(actor, metadata: PolicyContract, observations: list, out_dir: Path) -> dict:
     """Exports, verifies, then writes policy.onnx, policy_fp16.onnx and policy.json into ``out_dir``.
 
     Returns the verification report. Raises :class:`ExportError` (writing nothing) if a check fails.
     """
-    import copy
 
     from legion.sim2real.deploy.policy import OnnxPolicy
 
@@ -355,21 +387,14 @@ def export_policy(actor, metadata: dict, observations: list, out_dir: Path) -> d
             for path in tmp.values():
                 path.unlink(missing_ok=True)
             raise ExportError(f"{name}: the edge runtime refuses it: {e}") from e
-    sidecar = {**metadata, "files": {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-                                     for name, data in files.items()},
-               "verification": report}
+    sidecar = dataclasses.replace(
+        metadata, files={name: ExportedFile(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+                         for name, data in files.items()},
+        verification=copy.deepcopy(report))
     for name, path in tmp.items():
         path.replace(out_dir / name)
-    (out_dir / "policy.json").write_text(to_json(sidecar))
+    (out_dir / "policy.json").write_text(sidecar.to_json())
     return report
-
-
-def to_json(data: dict) -> str:
-    """Indented JSON with each list of numbers or names on one line (readable per-joint lists)."""
-    text = json.dumps(data, indent=2)
-    compact = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]",
-                     lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
-    return (compact if json.loads(compact) == data else text) + "\n"
 
 
 def export_run(run: Path, checkpoint=None, out_dir: Path | None = None, steps: int = 50, overrides=(),
@@ -400,8 +425,8 @@ def export_run(run: Path, checkpoint=None, out_dir: Path | None = None, steps: i
 
 def summary(run: Path, out_dir: Path, report: dict) -> str:
     """What ``legion export`` prints: files, verification numbers, the policy's contract."""
-    meta = json.loads((out_dir / "policy.json").read_text())
-    lines = [f"[legion] exported {meta['checkpoint']} of {run} -> {out_dir}"]
+    meta = PolicyContract.load(out_dir / "policy.json")
+    lines = [f"[legion] exported {meta.checkpoint} of {run} -> {out_dir}"]
     for name in ("policy.onnx", "policy_fp16.onnx"):
         r = report[name]
         lines.append(f"  {name:17s} {r['bytes'] / 1e6:6.2f} MB  onnxruntime vs torch max |diff| "
@@ -411,8 +436,9 @@ def summary(run: Path, out_dir: Path, report: dict) -> str:
     if "robot.mjb" in report:
         lines.append(f"  robot.mjb         {report['robot.mjb']['bytes'] / 1e6:6.2f} MB  the robot as trained, in "
                      f"plain MuJoCo {report['robot.mjb']['mujoco']} (legion bridge, sim2sim)")
-    obs = meta["observation"]
-    lines.append(f"  policy.json       {len(meta['joint_names'])} joints, obs {obs['size']} = "
-                 + " + ".join(f"{t['name']}[{t['size']}]" for t in obs["terms"])
-                 + f", control dt {meta['control_dt']:g} s, recurrent: {meta['onnx']['recurrent'] or 'no'}")
+    obs, recurrent = meta.observation, meta.onnx.recurrent
+    lines.append(f"  policy.json       {len(meta.joint_names)} joints, obs {obs.size} = "
+                 + " + ".join(f"{t.name}[{t.size}]" for t in obs.terms)
+                 + f", control dt {meta.control_dt:g} s, recurrent: "
+                 + (f"{recurrent.type}, {recurrent.num_layers} x {recurrent.hidden_size}" if recurrent else "no"))
     return "\n".join(lines)

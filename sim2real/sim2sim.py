@@ -21,8 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from legion.sim2real.deploy.contract import Fall, Tracking
 
 DEFAULT_COMMANDS = [[0.5, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.5, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]
 
@@ -43,7 +47,7 @@ def physics_options(physics: str, sim) -> dict:
     return {**newton_defaults, **{k: v for k, v in sim.solver_options.items() if k in keys}}
 
 
-def episode_metrics(command, lin_vel, ang_vel, fell_at: int | None, dt: float, tracking: dict) -> dict:
+def episode_metrics(command, lin_vel, ang_vel, fell_at: int | None, dt: float, tracking: Tracking) -> dict:
     """Metrics of one episode from per-step base-frame velocities (T, 3) [m/s, rad/s].
 
     Steps from ``fell_at`` on (the step that ended in a fall) are excluded. ``tracking``: the
@@ -54,9 +58,9 @@ def episode_metrics(command, lin_vel, ang_vel, fell_at: int | None, dt: float, t
     error_xy = np.linalg.norm(lin_vel[:, :2] - np.asarray(command[:2]), axis=1)
     error_yaw = np.abs(ang_vel[:, 2] - command[2])
     rewards = np.zeros_like(error_xy)
-    for key, error in (("lin_vel_xy", error_xy), ("ang_vel_z", error_yaw)):
-        if tracking.get(key):
-            rewards += tracking[key]["weight"] * np.exp(-error**2 / tracking[key]["std"] ** 2)
+    for term, error in ((tracking.lin_vel_xy, error_xy), (tracking.ang_vel_z, error_yaw)):
+        if term is not None:
+            rewards += term.weight * np.exp(-error**2 / term.std ** 2)
     return {"command": [float(c) for c in command], "vel_error_xy": float(error_xy.mean()),
             "yaw_rate_error": float(error_yaw.mean()),
             "fell": fell_at is not None, "survived_s": steps * dt, "tracking_return": float(rewards.sum() * dt)}
@@ -67,7 +71,7 @@ def run_newton(env, policy, commands: np.ndarray, steps: int) -> list[dict]:
     import torch
 
     n = len(commands)
-    groups = policy.metadata["observation"]["groups"]
+    groups = policy.metadata.observation.groups
     state = policy.initial_state(n)
     lin, ang = [], []
     fell_at: list[int | None] = [None] * n
@@ -87,21 +91,21 @@ def run_newton(env, policy, commands: np.ndarray, steps: int) -> list[dict]:
                     fell_at[i] = t
             # Finished envs were reset: ignored from fell_at on.
     lin, ang = np.stack(lin, 1), np.stack(ang, 1)
-    tracking = policy.metadata["tracking"]
+    tracking = policy.metadata.tracking
     return [episode_metrics(commands[i], lin[i], ang[i], fell_at[i], env.step_dt, tracking) for i in range(n)]
 
 
 class FallDetector:
     """The policy metadata's fall conditions, on the MuJoCo robot: contact of named bodies, base height."""
 
-    def __init__(self, robot, fall: dict):
+    def __init__(self, robot, fall: Fall):
         import mujoco
 
         from legion.sim2real.deploy.mujoco_robot import find_id
 
         self.robot = robot
-        self.body_ids = [find_id(robot.model, mujoco.mjtObj.mjOBJ_BODY, b) for b in fall["contact_bodies"]]
-        self.threshold, self.min_height = fall["contact_threshold"], fall["min_base_height"]
+        self.body_ids = [find_id(robot.model, mujoco.mjtObj.mjOBJ_BODY, b) for b in fall.contact_bodies]
+        self.threshold, self.min_height = fall.contact_threshold, fall.min_base_height
 
     def __call__(self, state: dict) -> bool:
         if not all(np.all(np.isfinite(v)) for v in state.values()):
@@ -198,7 +202,7 @@ def run_mujoco(model, onnx_path: Path, commands: np.ndarray, steps: int, realtim
     meta = runner.metadata
     plain = MuJoCoRobot(model, meta, options=options)
     robot = PerturbedRobot(plain, perturbation or Perturbation(), runner.control_dt)
-    falls = FallDetector(plain, meta["fall"])
+    falls = FallDetector(plain, meta.fall)
     results, latency, summary = [], [], {}
     for command in commands:
         robot.reset()
@@ -213,7 +217,7 @@ def run_mujoco(model, onnx_path: Path, commands: np.ndarray, steps: int, realtim
             if loop.stopped or falls(state):
                 fell_at = t
                 break
-        results.append(episode_metrics(command, lin, ang, fell_at, runner.control_dt, meta["tracking"]))
+        results.append(episode_metrics(command, lin, ang, fell_at, runner.control_dt, meta.tracking))
         latency += loop.stats.latency
         for key, value in loop.stats.summary().items():
             if key in ("misses", "limit_clamped", "rate_clamped", "hold", "stop"):
@@ -360,7 +364,7 @@ def compare_goals(run: Path, checkpoint=None, onnx: Path | None = None, episodes
     entity = command.body[0]  # the object the goal is for (its root pose starts each MuJoCo episode)
     threshold, hold = float(success.params["position_threshold"]), max(1, round(success.hold_s / env.step_dt))
     steps = env.max_episode_length - 1  # the whole episode, before the time-out's reset
-    groups = policy.metadata["observation"]["groups"]
+    groups = policy.metadata.observation.groups
 
     # Newton: every env's start, then its episode (an env the task ends early keeps its last distance).
     with torch.inference_mode():

@@ -15,6 +15,7 @@ import torch
 
 from conftest import SMALL_TERRAIN, export_untrained_run
 from legion.configs import task_names
+from legion.sim2real.deploy.contract import Observation, ObservationTerm, PolicyContract
 from legion.sim2real.deploy.policy import (
     OBSERVATION_TERMS,
     ObservationTerms,
@@ -39,7 +40,7 @@ def exported(request, tmp_path_factory):
             **export_untrained_run(tmp_path_factory.mktemp(task), f"task={task}", *OVERRIDES.get(task, ()))}
 
 
-def robot_states(env, metadata: dict) -> list[dict]:
+def robot_states(env, metadata: PolicyContract) -> list[dict]:
     """What each world's robot reports, in the edge runtime's state dict (``legion.sim2real.deploy.policy``):
     from the sim's world-frame generalized coordinates (the state trajectory recording names), turned
     into the robot's frames here, in numpy: joints, IMU orientation and base-frame velocities and the
@@ -65,11 +66,11 @@ def robot_states(env, metadata: dict) -> list[dict]:
                          # an estimator's: the base frame origin's velocity
                          base_lin_vel=quat_rotate_inverse(quat[i], velocity[i, :3]) - np.cross(ang_vel, com[i]),
                          base_ang_vel=ang_vel)
-    if metadata.get("height_scan"):  # terrain heights at the points, turned with the base's yaw, minus the base's
+    if metadata.height_scan is not None:  # terrain heights at the points, turned with the base's yaw, minus the base's
         x, y, z, w = quat.T
         yaw = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
         c, s = np.cos(yaw)[:, None], np.sin(yaw)[:, None]
-        points = np.asarray(metadata["height_scan"]["points"], np.float32)
+        points = np.asarray(metadata.height_scan.points, np.float32)
         px, py = points[:, 0], points[:, 1]
         world = np.stack([position[:, 0:1] + c * px - s * py, position[:, 1:2] + s * px + c * py], axis=-1)
         scan = env.sim.ground_height(torch.from_numpy(world.astype(np.float32))).numpy() - position[:, 2:3]
@@ -92,25 +93,27 @@ def test_every_observation_term_of_the_training_package_has_an_edge_version():
 
 
 def test_a_policy_with_a_term_the_runtime_lacks_is_refused_at_load_naming_it():
-    metadata = {"joint_names": ["a", "b"], "default_joint_pos": [0.0, 0.0],
-                "observation": {"size": 2, "terms": [{"name": "accel", "func": "joint_acc", "size": 2, "scale": 1.0,
-                                                      "clip": None, "params": {}}]}}
+    observation = Observation(groups=["policy"], size=2, terms=[ObservationTerm(
+        name="accel", func="joint_acc", group="policy", start=0, size=2, scale=1.0, clip=None, params={})])
     with pytest.raises(PolicyLoadError, match=r"policy.onnx: observation term 'accel' \(function joint_acc\) has no "
                                               r"edge-runtime version; known: \[.*\]. Add it to .* OBSERVATION_TERMS"):
-        ObservationTerms(metadata, "policy.onnx")
+        ObservationTerms(observation, ["a", "b"], [0.0, 0.0], where="policy.onnx")
 
 
 def test_the_edge_runtime_observes_what_the_env_observes_term_by_term(exported):
     env, task = exported["env"], exported["task"]
     metadata = OnnxPolicy(exported["out"] / "policy.onnx").metadata  # what the robot loads (any action type)
+    # Every task's policy.json is a contract this runtime reads, the one embedded in the ONNX file.
+    assert PolicyContract.load(exported["out"] / "policy.json").embedded() == metadata.embedded()
     assert not env.noise_enabled
     # The exported policy's groups as the robot reads them; every other group as if a policy read it.
-    layouts = {"+".join(metadata["observation"]["groups"]): metadata["observation"]}
+    layouts = {"+".join(metadata.observation.groups): metadata.observation}
     for group, terms in env.observation_layout().items():
-        if group not in metadata["observation"]["groups"]:
-            layouts[group] = {"groups": [group], "size": sum(t["size"] for t in terms), "terms": terms}
-    runtimes = {name: ObservationTerms({**metadata, "observation": layout}) for name, layout in layouts.items()}
-    clip = metadata["action"]["clip"]
+        if group not in metadata.observation.groups:
+            layouts[group] = Observation(groups=[group], size=sum(t["size"] for t in terms), terms=[
+                ObservationTerm(**{**t, "group": group}) for t in terms])
+    runtimes = {name: ObservationTerms.of(metadata, observation=layout) for name, layout in layouts.items()}
+    clip = metadata.action.clip
     generator = torch.Generator().manual_seed(0)
     errors, largest, clipped = {}, {}, False
     with torch.inference_mode():
@@ -125,19 +128,19 @@ def test_the_edge_runtime_observes_what_the_env_observes_term_by_term(exported):
             for i, state in enumerate(robot_states(env, metadata)):
                 for name, runtime in runtimes.items():
                     got = runtime.observation(state, commands[i], last_action[i])
-                    expected = torch.cat([obs[g][i] for g in layouts[name]["groups"]]).numpy()
+                    expected = torch.cat([obs[g][i] for g in layouts[name].groups]).numpy()
                     start = 0
-                    for term in layouts[name]["terms"]:
-                        key = (name, term["name"], term["func"])
-                        part = slice(start, start + term["size"])
-                        start += term["size"]
+                    for term in layouts[name].terms:
+                        key = (name, term.name, term.func)
+                        part = slice(start, start + term.size)
+                        start += term.size
                         difference = np.abs(got[part] - expected[part])
                         largest[key] = max(largest.get(key, 0.0), float(np.abs(expected[part]).max()))
                         if not difference.max() <= TOLERANCE and key not in errors:  # (NaN fails too)
                             k = int(np.nanargmax(difference)) if not np.isnan(difference).all() else 0
-                            errors[key] = (f"{task}: group {name} term '{term['name']}' ({term['func']}): |runtime - "
+                            errors[key] = (f"{task}: group {name} term '{term.name}' ({term.func}): |runtime - "
                                            f"env| {difference[k]:.3g} > {TOLERANCE:g} at step {step}, world {i}, "
-                                           f"element {k} of {term['size']}: runtime {got[part][k]:.6g}, "
+                                           f"element {k} of {term.size}: runtime {got[part][k]:.6g}, "
                                            f"env {expected[part][k]:.6g}")
     assert not errors, "\n".join(errors.values())
     assert clipped or not clip, "no action exceeded the action clip: the clipped last_action went untested"

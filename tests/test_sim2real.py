@@ -46,14 +46,13 @@ def nan_output_policy(trained, folder):
     """The trained policy exported with a NaN in one output bias (unverified, on purpose): its path."""
     import copy
 
+    from legion.sim2real.deploy.contract import PolicyContract
     from legion.sim2real.export import to_onnx
 
     actor = copy.deepcopy(trained["runner"].ppo.get_policy())
     with torch.no_grad():
         actor.mlp[-1].bias[3] = float("nan")
-    meta = json.loads((trained["out"] / "policy.json").read_text())
-    meta.pop("files"), meta.pop("verification")
-    onnx.save(to_onnx(actor, meta), folder / "policy.onnx")
+    onnx.save(to_onnx(actor, PolicyContract.load(trained["out"] / "policy.json")), folder / "policy.onnx")
     return folder / "policy.onnx"
 
 
@@ -76,12 +75,13 @@ def test_export_verifies_fp32_and_fp16(trained):
     # robot.mjb: the robot as trained in plain MuJoCo, every policy joint in it, at the physics dt
     import mujoco
 
+    from legion.sim2real.deploy.contract import PolicyContract
     from legion.sim2real.deploy.mujoco_robot import find_id
 
     robot = mujoco.MjModel.from_binary_path(str(out / "robot.mjb"))
-    meta = json.loads((out / "policy.json").read_text())
-    assert all(find_id(robot, mujoco.mjtObj.mjOBJ_JOINT, n) >= 0 for n in meta["joint_names"])
-    assert robot.opt.timestep == pytest.approx(meta["physics_dt"])
+    meta = PolicyContract.load(out / "policy.json")
+    assert all(find_id(robot, mujoco.mjtObj.mjOBJ_JOINT, n) >= 0 for n in meta.joint_names)
+    assert robot.opt.timestep == pytest.approx(meta.physics_dt)
 
 
 def test_onnx_matches_torch_on_env_observations(trained):
@@ -101,46 +101,197 @@ def test_onnx_matches_torch_on_env_observations(trained):
 
 
 def test_metadata_round_trip(trained):
+    """policy.json and each ONNX file's metadata_props hold one contract, which reads back exactly."""
     from legion.sim2real.deploy import PolicyRunner
+    from legion.sim2real.deploy.contract import METADATA_VERSION, PolicyContract
 
     env, cfg, out = trained["env"], trained["cfg"], trained["out"]
-    sidecar = json.loads((out / "policy.json").read_text())
+    text = (out / "policy.json").read_text()
+    sidecar = json.loads(text)
+    contract = PolicyContract.from_json(text)
+    assert contract.to_dict() == sidecar and contract.to_json() == text  # exactly what legion export wrote
+    assert PolicyContract.from_dict(contract.to_dict()) == contract
     files, verification = sidecar.pop("files"), sidecar.pop("verification")
     for name in ("policy.onnx", "policy_fp16.onnx"):
         embedded = {p.key: json.loads(p.value) for p in onnx.load(out / name).metadata_props}
-        assert embedded == sidecar
+        assert embedded == sidecar == contract.embedded()
         assert files[name]["sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest()
+        assert contract.files is not None and contract.files[name].sha256 == files[name]["sha256"]
     meta = PolicyRunner(out / "policy.onnx").metadata
-    assert meta == sidecar and verification["policy.onnx"]["max_abs_diff"] <= 1e-5
+    assert isinstance(meta, PolicyContract) and meta.embedded() == sidecar
+    assert verification["policy.onnx"]["max_abs_diff"] <= 1e-5
 
     robot = env.robot
-    assert meta["metadata_version"] == 2
-    assert meta["joint_names"] == robot.joint_names
-    assert meta["default_joint_pos"] == pytest.approx(robot.default_joint_pos[0].tolist(), abs=1e-6)
-    assert meta["action"] == {"type": "joint_position", "joint_ids": list(range(12)), "scale": 0.25,
-                              "offset": meta["default_joint_pos"], "clip": None, "clamp_to_limits": False,
-                              "max_target_rate": None}
-    assert meta["joint_stiffness"] == [80.0] * 12 and meta["joint_damping"] == [2.0] * 12
-    assert meta["effort_limits"] == pytest.approx([23.7, 23.7, 45.43] * 4)
-    assert np.allclose(meta["joint_limits"], robot.joint_limits.numpy(), atol=1e-6)
-    assert (meta["control_dt"], meta["physics_dt"], meta["decimation"]) == pytest.approx((0.02, 0.005, 4))
+    assert meta.metadata_version == METADATA_VERSION == 2
+    assert meta.joint_names == robot.joint_names
+    assert meta.default_joint_pos == pytest.approx(robot.default_joint_pos[0].tolist(), abs=1e-6)
+    assert sidecar["action"] == {"type": "joint_position", "joint_ids": list(range(12)), "scale": 0.25,
+                                 "offset": meta.default_joint_pos, "clip": None, "clamp_to_limits": False,
+                                 "max_target_rate": None, "task_space": None}
+    assert meta.joint_stiffness == [80.0] * 12 and meta.joint_damping == [2.0] * 12
+    assert meta.effort_limits == pytest.approx([23.7, 23.7, 45.43] * 4)
+    assert np.allclose(meta.joint_limits, robot.joint_limits.numpy(), atol=1e-6)
+    assert (meta.control_dt, meta.physics_dt, meta.decimation) == pytest.approx((0.02, 0.005, 4))
     layout = env.observation_layout()["policy"]
-    assert [(t["name"], t["size"], t["scale"], t["clip"]) for t in meta["observation"]["terms"]] == \
+    assert [(t.name, t.size, t.scale, t.clip) for t in meta.observation.terms] == \
         [(t["name"], t["size"], t["scale"], t["clip"]) for t in layout]
-    assert meta["observation"]["size"] == 48 and not any("noise" in t for t in meta["observation"]["terms"])
-    assert meta["command"]["ranges"]["lin_vel_x"] == list(cfg.task.command.ranges["lin_vel_x"])
+    assert meta.observation.size == 48 and not any("noise" in t for t in sidecar["observation"]["terms"])
+    assert meta.command is not None and meta.command.ranges["lin_vel_x"] == list(cfg.task.command.ranges["lin_vel_x"])
     # The enabled event terms with the ranges the env holds now.
-    assert "friction" in meta["randomization"] and "restitution" not in meta["randomization"]
-    assert (meta["randomization"]["friction"]["range"] == [0.5, 1.25]
-            and meta["randomization"]["friction"]["mode"] == "startup")
+    assert "friction" in meta.randomization and "restitution" not in meta.randomization
+    friction = meta.randomization["friction"]
+    assert friction["range"] == [0.5, 1.25] and friction["mode"] == "startup"
     # What sim2sim needs, from the env's resolved terms.
-    assert meta["tracking"] == {"lin_vel_xy": {"weight": 1.0, "std": 0.5}, "ang_vel_z": {"weight": 0.5, "std": 0.5}}
-    assert meta["fall"] == {"contact_bodies": ["base"], "contact_threshold": 1.0, "min_base_height": None}
-    assert meta["config_sha256"] == hashlib.sha256((trained["run"] / "config.yaml").read_bytes()).hexdigest()
+    assert sidecar["tracking"] == {"lin_vel_xy": {"weight": 1.0, "std": 0.5}, "ang_vel_z": {"weight": 0.5, "std": 0.5}}
+    assert sidecar["fall"] == {"contact_bodies": ["base"], "contact_threshold": 1.0, "min_base_height": None}
+    assert meta.config_sha256 == hashlib.sha256((trained["run"] / "config.yaml").read_bytes()).hexdigest()
     import legion
 
-    assert meta["legion_version"] == legion.__version__ == version("legion-rl")
-    assert meta["onnx"]["recurrent"] is None and meta["checkpoint"] == "model_1.pt"
+    assert meta.legion_version == legion.__version__ == version("legion-rl")
+    assert meta.onnx.recurrent is None and meta.checkpoint == "model_1.pt"
+
+
+def older_versions(sidecar: dict) -> tuple[dict, dict]:
+    """A version-2 file as an early version-2 export wrote it (before base_com, the actuators, joint
+    armature and friction, the height scan, the action's clamp, rate limit and IK, the command's
+    entity, body and reference quaternion) and as version 1 wrote it (also without tracking terms,
+    fall conditions and term params, its command the task config's ``commands`` section)."""
+    import copy
+
+    early = copy.deepcopy(sidecar)
+    for key in ("base_com", "actuators", "joint_armature", "joint_friction", "height_scan"):
+        del early[key]
+    for key in ("clamp_to_limits", "max_target_rate", "task_space"):
+        del early["action"][key]
+    for key in ("entity", "body", "quat_reference"):
+        del early["command"][key]
+    v1 = copy.deepcopy(early)
+    v1["metadata_version"] = 1
+    del v1["tracking"], v1["fall"]
+    for term in v1["observation"]["terms"]:
+        del term["params"]
+    command = v1.pop("command")
+    v1["commands"] = {**command["ranges"], "resampling_time_s": command["resampling_time_s"],
+                      "standing_fraction": command["standing_fraction"]}
+    return early, v1
+
+
+def test_version_1_and_2_files_load_migrated(trained, tmp_path):
+    """Files of every version the runtime reads load: what an older one lacks reads as absent (the
+    values the runtime assumed before the field existed), and the runtime acts on it."""
+    from legion.sim2real.deploy import PolicyRunner
+    from legion.sim2real.deploy.contract import READABLE_VERSIONS, Actuator, Fall, PolicyContract, Tracking
+
+    assert READABLE_VERSIONS == (1, 2)
+    current = json.loads((trained["out"] / "policy.json").read_text())
+    early, v1 = older_versions(current)
+    for data in (early, v1):
+        contract = PolicyContract.from_dict(data)
+        assert contract.metadata_version == data["metadata_version"]
+        assert contract.base_com == [0.0, 0.0, 0.0] and contract.height_scan is None
+        assert contract.joint_armature is None and contract.joint_friction is None
+        assert contract.actuators == [Actuator(model="implicit", saturation_effort=None, velocity_limit=None)] * 12
+        assert contract.action.clamp_to_limits is False and contract.action.max_target_rate is None
+        assert contract.action.task_space is None
+        assert contract.command is not None and contract.command.quat_reference is None
+        assert contract.command.ranges == current["command"]["ranges"] and contract.command.entity == "robot"
+        assert contract.joint_stiffness == current["joint_stiffness"] and contract.files is not None
+    migrated = PolicyContract.from_dict(v1)
+    assert migrated.tracking == Tracking(lin_vel_xy=None, ang_vel_z=None)
+    assert migrated.fall == Fall(contact_bodies=[], contact_threshold=None, min_base_height=None)
+    assert all(t.params == {} for t in migrated.observation.terms)
+    assert PolicyContract.from_dict(early).tracking == PolicyContract.from_dict(current).tracking
+
+    # The runtime loads a version-1 file embedded in the ONNX file and acts on it.
+    model = onnx.load(trained["out"] / "policy.onnx")
+    del model.metadata_props[:]
+    for key, value in v1.items():
+        if key not in ("files", "verification"):
+            model.metadata_props.add(key=key, value=json.dumps(value))
+    onnx.save(model, tmp_path / "policy.onnx")
+    runner = PolicyRunner(tmp_path / "policy.onnx", check_hash=False)
+    assert runner.metadata.metadata_version == 1
+    assert np.isfinite(runner.act(robot_state(trained["env"], 0), [0.5, 0.0, 0.0])).all()
+
+
+def test_a_policy_file_with_a_missing_or_mistyped_field_is_refused_naming_the_field(trained, tmp_path):
+    import copy
+
+    from legion.sim2real.deploy import PolicyLoadError, PolicyRunner
+    from legion.sim2real.deploy.contract import ContractError, PolicyContract
+
+    good = json.loads((trained["out"] / "policy.json").read_text())
+    edits = {
+        r"policy.json: control_dt: missing \(expected a number\)": lambda d: d.pop("control_dt"),
+        r"policy.json: observation.terms\[0\].func: missing \(expected a string\)":
+            lambda d: d["observation"]["terms"][0].pop("func"),
+        r"policy.json: onnx.recurrent: missing \(expected an object \(Recurrent\) or null\)":
+            lambda d: d["onnx"].pop("recurrent"),
+        r"policy.json: action.scale: expected a number or a list of numbers, got 'abc'":
+            lambda d: d["action"].update(scale="abc"),
+        r"policy.json: action.scale\[1\]: expected a number, got None": lambda d: d["action"].update(scale=[1, None]),
+        r"policy.json: observation.terms\[2\].size: expected an integer, got 3.5":
+            lambda d: d["observation"]["terms"][2].update(size=3.5),
+        r"policy.json: joint_names\[0\]: expected a string, got 7": lambda d: d["joint_names"].__setitem__(0, 7),
+        r"policy.json: fall.min_base_height: expected a number or null, got 'low'":
+            lambda d: d["fall"].update(min_base_height="low"),
+        r"policy.json: tracking.lin_vel_xy.std: expected a number, got True":
+            lambda d: d["tracking"]["lin_vel_xy"].update(std=True),
+        r"policy.json: onnx: unknown fields \['precision'\] \(Onnx has \['opset', .*\]\)":
+            lambda d: d["onnx"].update(precision="fp32"),
+    }
+    for message, edit in edits.items():
+        data = copy.deepcopy(good)
+        edit(data)
+        with pytest.raises(ContractError, match=message + r".*Re-export the policy \(legion export run=<run folder>\)"):
+            PolicyContract.from_dict(data)
+    # Through the runtime: the file named, as a PolicyLoadError.
+    folder = tmp_path / "edited"
+    shutil.copytree(trained["out"], folder)
+    (folder / "policy.json").write_text(json.dumps({**good, "decimation": "4"}))
+    with pytest.raises(PolicyLoadError, match=rf"{folder / 'policy.json'}: decimation: expected an integer, got '4'"):
+        PolicyRunner(folder / "policy.onnx")
+
+
+def test_an_unknown_version_or_a_foreign_json_is_refused_naming_the_versions_read(trained, tmp_path):
+    from legion.sim2real.deploy.contract import ContractError, PolicyContract
+
+    good = json.loads((trained["out"] / "policy.json").read_text())
+    refused = {
+        "newer.json": ({**good, "metadata_version": 3}, r"newer.json: metadata_version: 3 is not a version this "
+                       r"runtime reads \(1, 2\). It was exported by a newer legion-rl: update legion-rl on the robot"),
+        "zero.json": ({**good, "metadata_version": 0}, r"zero.json: metadata_version: 0 is not a version this "
+                      r"runtime reads \(1, 2\). Re-export the policy"),
+        "text.json": ({**good, "metadata_version": "2"}, r"metadata_version: '2' is not a version this runtime reads"),
+        "foreign.json": ({"name": "a model", "layers": [64, 64]}, r"foreign.json: metadata_version: missing, so this "
+                         r"is no legion policy file \(legion export writes metadata_version 2; this runtime reads "
+                         r"versions 1, 2\)"),
+        "list.json": ([1, 2, 3], r"list.json: not a legion policy file: expected a JSON object with metadata_version "
+                      r"\(this runtime reads versions 1, 2\), got a list"),
+        "broken.json": ("{not json", r"broken.json: not JSON"),
+    }
+    for name, (data, message) in refused.items():
+        (tmp_path / name).write_text(data if isinstance(data, str) else json.dumps(data))
+        with pytest.raises(ContractError, match=message):
+            PolicyContract.load(tmp_path / name)
+
+
+def test_the_shipped_json_schema_is_the_one_the_contract_generates():
+    """policy.schema.json cannot go stale (regenerate it with write_schema, as the contract's docstring says)."""
+    from legion.sim2real.deploy.contract import SCHEMA_FILE, json_schema, schema_text
+
+    assert SCHEMA_FILE.read_text() == schema_text(), \
+        "stale: regenerate it: python -c \"import legion.sim2real.deploy.contract as c; c.write_schema()\""
+    schema = json_schema()
+    assert schema["properties"]["metadata_version"]["const"] == 2 and "files" not in schema["required"]
+    assert schema["$defs"]["Action"]["properties"]["scale"]["anyOf"] == [
+        {"type": "number"}, {"type": "array", "items": {"type": "number"}}]
+    assert schema["$defs"]["Action"]["properties"]["scale"]["description"].startswith("target = offset + scale")
+    # The contract is the edge runtime's: the standard library only (policy.py adds numpy and onnxruntime).
+    script = "import sys, legion.sim2real.deploy.contract as c; c.schema_text(); print(' '.join(sys.modules))"
+    modules = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.split()
+    assert not {"torch", "warp", "omegaconf", "hydra", "mujoco"} & {m.split(".")[0] for m in modules}
 
 
 # --- the edge runtime against the env -------------------------------------------------------------
@@ -182,7 +333,7 @@ def test_act_names_the_bad_field_and_never_returns_a_non_finite_target(trained, 
                       r"'base_quat' = \[0.0, 0.0, 0.0, 0.0\] has norm 0: expected a unit quaternion \(x, y, z, w\)"),
         "joint_pos": (np.zeros(11, np.float32), StateError,
                       r"'joint_pos' has shape \(11,\) and dtype float32; the policy expects shape \(12,\) numbers, "
-                      r"one per joint in metadata\['joint_names'\] order"),
+                      r"one per joint in the order of policy.json's joint_names"),
         "joint_vel": (["fast"] * 12, StateError, r"'joint_vel' has shape \(12,\) and dtype <U4"),
         "base_lin_vel": ([[0.0, 0.1], [0.2]], StateError, r"'base_lin_vel' is not an array of numbers"),
     }
@@ -213,6 +364,7 @@ def test_recurrent_policies_export_with_hidden_state(trained, tmp_path):
     from rsl_rl.models import RNNModel
 
     from legion.sim2real.deploy import OnnxPolicy
+    from legion.sim2real.deploy.contract import Recurrent
     from legion.sim2real.export import build_metadata, export_policy, sample_observations
 
     env = trained["env"]
@@ -227,7 +379,7 @@ def test_recurrent_policies_export_with_hidden_state(trained, tmp_path):
         assert report["policy.onnx"]["max_abs_diff"] <= 1e-5 and report["policy_fp16.onnx"]["max_abs_diff"] <= 1e-2
 
         policy = OnnxPolicy(tmp_path / rnn_type / "policy.onnx")
-        assert policy.recurrent == {"type": rnn_type, "hidden_size": 32, "num_layers": 2}
+        assert policy.recurrent == Recurrent(type=rnn_type, hidden_size=32, num_layers=2)
         assert policy.input_names == (["obs", "h_in", "c_in"] if rnn_type == "lstm" else ["obs", "h_in"])
         state, actions = policy.initial_state(1), []
         for obs in observations:
@@ -286,7 +438,9 @@ def test_truncated_or_tampered_files_are_refused(trained, tmp_path):
 
     del model.metadata_props[:]
     onnx.save(model, bare / "foreign.onnx")
-    with pytest.raises(PolicyLoadError, match="carries no legion metadata"):
+    with pytest.raises(PolicyLoadError, match=r"foreign.onnx: metadata_version: missing, so this is no legion policy "
+                                              r"file \(legion export writes metadata_version 2; this runtime reads "
+                                              r"versions 1, 2\). Was it written by legion export\?"):
         PolicyRunner(bare / "foreign.onnx")
 
 
@@ -304,7 +458,7 @@ def test_policy_json_that_disagrees_with_the_onnx_metadata_is_refused_naming_bot
                        r"\['joint_stiffness'\] \(e.g. 'joint_stiffness': policy.json says \[60.0, .*the ONNX file "
                        r"\[80.0, .*This runtime would use the embedded metadata.*Re-export"):
         PolicyRunner(folder / "policy.onnx")
-    assert PolicyRunner(folder / "policy.onnx", check_hash=False).metadata["joint_stiffness"] == [80.0] * 12
+    assert PolicyRunner(folder / "policy.onnx", check_hash=False).metadata.joint_stiffness == [80.0] * 12
 
 
 # --- the control loop's safety layer, on the MuJoCo robot ---------------------------------------------
@@ -636,7 +790,7 @@ def test_sim2sim_perturbations_act_on_the_mujoco_robot(trained):
     perturbed = PerturbedRobot(robot, Perturbation(friction=0.1, base_mass=1.2, latency_s=0.02, noise=1.0),
                                runner.control_dt)
     assert robot.model.body_mass[robot.model.jnt_bodyid[0]] == pytest.approx(1.2 * mass)
-    default = np.asarray(runner.metadata["default_joint_pos"])
+    default = np.asarray(runner.metadata.default_joint_pos)
     first, second = default + 0.1, default - 0.1
     perturbed.write_targets(first)
     assert np.allclose(robot.targets, default)  # the first write is not acting yet
@@ -668,8 +822,8 @@ def test_sim2sim_of_a_goal_task_starts_each_mujoco_episode_where_newton_started_
         assert mujoco["min_distance_m"] == pytest.approx(newton["min_distance_m"], abs=2e-3)
     runner = PolicyRunner(made["out"] / "policy.onnx")
     meta = runner.metadata
-    state = {"joint_pos": np.asarray(meta["default_joint_pos"], np.float32), "joint_vel": np.zeros(9, np.float32),
+    state = {"joint_pos": np.asarray(meta.default_joint_pos, np.float32), "joint_vel": np.zeros(9, np.float32),
              "object_pos": np.array([0.5, 0.0, 0.03], np.float32)}
     targets = runner.act(state, np.array([0.5, 0.0, 0.3], np.float32))
-    assert len(meta["joint_names"]) == len(targets) == 9 and len(meta["action"]["joint_ids"]) == 8
-    assert targets[8] == meta["default_joint_pos"][8]  # finger_joint2: not an action joint
+    assert len(meta.joint_names) == len(targets) == 9 and len(meta.action.joint_ids) == 8
+    assert targets[8] == meta.default_joint_pos[8]  # finger_joint2: not an action joint

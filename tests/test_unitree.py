@@ -136,12 +136,12 @@ def test_deploy_drives_the_bridge_in_the_motor_order_and_the_robot_stands_then_d
     sim = bridge.sim
     assert np.allclose(state["joint_pos"], sim.data.qpos[sim.qpos_ids], atol=1e-6)  # policy order both sides
     assert np.allclose(state["base_quat"], [0, 0, 0, 1]) and "base_lin_vel" in state  # the policy reads it
-    default = np.asarray(runner.metadata["default_joint_pos"], np.float32)
+    default = np.asarray(runner.metadata.default_joint_pos, np.float32)
     targets = default + np.linspace(-0.05, 0.05, len(default)).astype(np.float32)  # a distinct target per joint
     sim_seconds(bridge, 1.0, lambda: robot.write_targets(targets))
     applied = [bridge.last_command.motor_cmd[i] for i in u.motor_order(u.ROBOTS["go2"], runner.joint_names)]
     assert np.allclose([c.q for c in applied], targets, atol=1e-6)
-    assert np.allclose([c.kp for c in applied], runner.metadata["joint_stiffness"])
+    assert np.allclose([c.kp for c in applied], runner.metadata.joint_stiffness)
     standing = sim.data.qpos[2]
     assert standing > 0.22, f"the Go2 did not stand on the policy's gains: base at {standing:.3f} m"
     sim_seconds(bridge, 1.0, robot.damp)
@@ -246,7 +246,7 @@ def test_legion_bridge_command_serves_a_client(go2_export):
         runner = PolicyRunner(go2_export / "policy.onnx")
         robot = u.UnitreeRobot("go2", runner, domain=DOMAIN + 20, interface="lo", timeout_s=20)
         for _ in range(25):
-            robot.write_targets(np.asarray(runner.metadata["default_joint_pos"], np.float32))
+            robot.write_targets(np.asarray(runner.metadata.default_joint_pos, np.float32))
             time.sleep(0.02)
         robot.close()
         out, _ = bridge.communicate(timeout=30)

@@ -24,6 +24,7 @@ Arrays of an episode of T ticks (NaN where a tick has no value, e.g. no state re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -87,10 +88,10 @@ class TrajectoryLog:
         arrays["mode"] = arrays["mode"].astype(np.int8)
         meta = self.runner.metadata
         arrays["meta"] = np.array(json.dumps({
-            "joint_names": meta["joint_names"], "control_dt": meta["control_dt"],
-            "policy_sha256": self._policy_sha256, "task": meta.get("task"), "robot": meta.get("robot"),
-            "config_sha256": meta.get("config_sha256"), "legion_version": meta.get("legion_version"),
-            "observation": meta["observation"],
+            "joint_names": meta.joint_names, "control_dt": meta.control_dt,
+            "policy_sha256": self._policy_sha256, "task": meta.task, "robot": meta.robot,
+            "config_sha256": meta.config_sha256, "legion_version": meta.legion_version,
+            "observation": dataclasses.asdict(meta.observation),
             "stop_reason": self._stop_reason, "started": self._started}))
         tmp = path.with_name(f".{path.name}.tmp")
         with open(tmp, "wb") as f:

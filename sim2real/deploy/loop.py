@@ -105,7 +105,7 @@ class ControlLoop:
         self.robot, self.runner, self.now, self.realtime, self.logger = robot, runner, now, realtime, logger
         self.safety = safety or SafetyConfig()
         self.dt = runner.control_dt
-        limits = np.asarray(runner.metadata["joint_limits"], np.float32)
+        limits = np.asarray(runner.metadata.joint_limits, np.float32)
         self.lower = limits[:, 0] + self.safety.limit_margin
         self.upper = limits[:, 1] - self.safety.limit_margin
         self.stats = LoopStats(self.dt)

@@ -24,6 +24,8 @@ import mujoco
 import numpy as np
 from numpy.typing import ArrayLike
 
+from legion.sim2real.deploy.contract import PolicyContract
+
 
 def pd_torque(q_target, q, dq, kp, kd, effort_limit, saturation=None, velocity_limit=None,
               dq_target: ArrayLike = 0.0, tau_ff: ArrayLike = 0.0) -> np.ndarray:
@@ -71,7 +73,8 @@ class MuJoCoRobot:
         source: the robot's MJCF (path; every policy joint needs a ``<position>`` actuator), an
             ``.mjb`` written by ``legion export`` or a ``mujoco.MjModel`` (Newton's, see the module
             docstring; these bring their own ground).
-        metadata: the exported policy's metadata (``PolicyRunner.metadata``).
+        metadata: the exported policy's contract (``PolicyRunner.metadata``, or ``PolicyContract.load`` of
+            its policy.json).
         floor_friction: sliding friction of every contact with the ground (:meth:`set_floor_friction`);
             None: the model's own contacts (an MJCF's added floor has 1.0, and MuJoCo takes the
             larger of a contact's two; Newton's model gives the robot's friction, as in training).
@@ -80,7 +83,8 @@ class MuJoCoRobot:
             implicitfast, pyramidal cone, Newton solver).
     """
 
-    def __init__(self, source, metadata: dict, floor_friction: float | None = None, options: dict | None = None):
+    def __init__(self, source, metadata: PolicyContract, floor_friction: float | None = None,
+                 options: dict | None = None):
         where = source if isinstance(source, (str, Path)) else "the training model"
         if isinstance(source, mujoco.MjModel):
             compiled = copy.copy(source)  # (options and perturbations edit it)
@@ -95,12 +99,12 @@ class MuJoCoRobot:
             floor.friction = [1.0, 0.005, 0.0001]  # Newton's ground: mu, torsional, rolling
             compiled = spec.compile()
         self.model = model = _with_options(compiled, options)
-        model.opt.timestep = metadata["physics_dt"]
+        model.opt.timestep = metadata.physics_dt
         self.data = mujoco.MjData(model)
-        self.decimation = int(metadata["decimation"])
+        self.decimation = int(metadata.decimation)
         self.metadata = metadata
 
-        names = metadata["joint_names"]
+        names = metadata.joint_names
         joint_ids = [find_id(model, mujoco.mjtObj.mjOBJ_JOINT, n, names) for n in names]
         unknown = [n for n, j in zip(names, joint_ids) if j < 0]
         if unknown:
@@ -116,25 +120,25 @@ class MuJoCoRobot:
         self.floating = bool(first >= 0 and model.jnt_type[first] == mujoco.mjtJoint.mjJNT_FREE)
         if self.floating and model.jnt_qposadr[first] != 0:
             raise ValueError(f"{where}: the robot's free joint must come first in the model.")
-        object_term = next((t for t in metadata["observation"]["terms"] if t["func"] == "object_position"), None)
+        object_term = next((t for t in metadata.observation.terms if t.func == "object_position"), None)
         self.object_body = None
         if object_term is not None:
-            name = object_term["params"].get("object", "cube")
+            name = object_term.params.get("object", "cube")
             self.object_body = find_id(model, mujoco.mjtObj.mjOBJ_BODY, name)
             if self.object_body < 0:
                 raise ValueError(f"{where} has no body '{name}', the object the policy observes: use the model "
                                  "Newton trained with (robot.mjb of `legion export`, which holds the whole scene).")
-        kp = np.asarray(metadata["joint_stiffness"], np.float64)
-        kd = np.asarray(metadata["joint_damping"], np.float64)
+        kp = np.asarray(metadata.joint_stiffness, np.float64)
+        kd = np.asarray(metadata.joint_damping, np.float64)
         actuator_of = {int(model.actuator_trnid[a, 0]): a for a in range(model.nu)}
         driven = np.array([j in actuator_of for j in joint_ids])
         self.explicit_pd = not driven.any()
-        action_joints = metadata["action"]["joint_ids"]
+        action_joints = metadata.action.joint_ids
         if self.explicit_pd:  # the PD law (and the motors' clip) as training ran it, before every step
-            motors = metadata.get("actuators") or [{"model": "implicit"}] * len(names)
-            self.gains = (kp, kd, np.asarray(metadata["effort_limits"], np.float64),
-                          np.array([a.get("saturation_effort") or np.nan for a in motors], np.float64),
-                          np.array([a.get("velocity_limit") or np.nan for a in motors], np.float64))
+            motors = metadata.actuators
+            self.gains = (kp, kd, np.asarray(metadata.effort_limits, np.float64),
+                          np.array([a.saturation_effort or np.nan for a in motors], np.float64),
+                          np.array([a.velocity_limit or np.nan for a in motors], np.float64))
         elif not driven[action_joints].all():
             missing = [names[j] for j in action_joints if not driven[j]]
             raise ValueError(f"{where}: joints {missing} have no actuator; add <position> actuators.")
@@ -147,7 +151,7 @@ class MuJoCoRobot:
             model.actuator_gainprm[self.actuator_ids, 0] = kp[driven]
             model.actuator_biasprm[self.actuator_ids, 1] = -kp[driven]
             model.actuator_biasprm[self.actuator_ids, 2] = -kd[driven]
-        self.targets = np.asarray(metadata["default_joint_pos"], np.float64)
+        self.targets = np.asarray(metadata.default_joint_pos, np.float64)
         if floor_friction is not None:
             self.set_floor_friction(floor_friction)
         self.reset()
@@ -198,9 +202,9 @@ class MuJoCoRobot:
         d = self.data
         mujoco.mj_resetData(self.model, d)
         if self.floating:
-            d.qpos[0:3] = [0.0, 0.0, base_height or self.metadata.get("default_root_height") or d.qpos[2]]
+            d.qpos[0:3] = [0.0, 0.0, base_height or self.metadata.default_root_height or d.qpos[2]]
             d.qpos[3:7] = [1.0, 0.0, 0.0, 0.0]
-        d.qpos[self.qpos_ids] = self.metadata["default_joint_pos"] if joint_pos is None else joint_pos
+        d.qpos[self.qpos_ids] = self.metadata.default_joint_pos if joint_pos is None else joint_pos
         if object_pose is not None:
             joint = self.model.body_jntadr[self.object_body]
             if joint < 0 or self.model.jnt_type[joint] != mujoco.mjtJoint.mjJNT_FREE:
@@ -208,7 +212,7 @@ class MuJoCoRobot:
             x, y, z, qx, qy, qz, qw = (float(v) for v in object_pose)
             adr = self.model.jnt_qposadr[joint]
             d.qpos[adr:adr + 7] = [x, y, z, qw, qx, qy, qz]
-        self.targets = np.asarray(self.metadata["default_joint_pos"], np.float64)
+        self.targets = np.asarray(self.metadata.default_joint_pos, np.float64)
         if not self.explicit_pd:
             d.ctrl[self.actuator_ids] = self.targets[self.driven]
         mujoco.mj_forward(self.model, d)
@@ -239,8 +243,8 @@ class MuJoCoRobot:
             "base_ang_vel": (d.qvel[3:6] if self.floating else np.zeros(3)).astype(np.float32),
             "timestamp": float(d.time),
         }
-        if self.metadata.get("height_scan"):
-            state["height_scan"] = np.full(len(self.metadata["height_scan"]["points"]), -d.qpos[2], np.float32)
+        if self.metadata.height_scan is not None:
+            state["height_scan"] = np.full(len(self.metadata.height_scan.points), -d.qpos[2], np.float32)
         if self.object_body is not None:  # in the base frame, as a camera calibrated to the robot reports it
             state["object_pos"] = (rot.T @ (self._object_position() - base_pos)).astype(np.float32)
         return state

@@ -7,23 +7,25 @@ Imports numpy and onnxruntime only. ``legion export`` writes a folder with
   ``h_in``/``h_out`` (and ``c_in``/``c_out`` for an LSTM), shaped (layers, B, hidden).
 - ``policy_fp16.onnx``: the same with float16 weights (float32 inputs and outputs).
 - ``policy.json``: the metadata embedded in the ONNX file (``metadata_props``, one JSON value
-  per key) plus the sha256 of each ONNX file, so a modified file is refused.
+  per key) plus the sha256 of each ONNX file, so a modified file is refused. Both are the policy
+  contract, :class:`~legion.sim2real.deploy.contract.PolicyContract` (typed, versioned, checked
+  field by field at load).
 
 A robot state is a dict of numpy arrays, in SI units and the joint order of
-``metadata["joint_names"]``:
+``metadata.joint_names``:
 
 - ``joint_pos`` (J,) [rad], ``joint_vel`` (J,) [rad/s]
 - ``base_quat`` (4,) base orientation in the world frame, (x, y, z, w), a unit quaternion
 - ``base_lin_vel`` (3,) [m/s] of the base frame's origin and ``base_ang_vel`` (3,) [rad/s], in the
   BASE frame (what an IMU and a state estimator report). Training observes and tracks the base's
-  centre of mass, ``metadata["base_com"]`` [m] from that origin (7.6 cm below a G1's pelvis):
+  centre of mass, ``metadata.base_com`` [m] from that origin (7.6 cm below a G1's pelvis):
   the observation adds ``base_ang_vel x base_com`` (:func:`com_velocity`)
 - ``base_pos`` (3,) [m]: x, y in the world (odometry) frame, z the base's height above the
   ground under it (the world z on flat ground); only if a policy term needs the base height
 - ``object_pos`` (3,) [m]: a manipulated object's position in the robot's BASE frame (what a
   camera calibrated to the robot reports); only if a policy term needs it (``object_position``)
 - ``height_scan`` (P,) [m] (only if the policy scans the terrain): the terrain's height minus the
-  base's height (negative below the base), at the P points ``metadata["height_scan"]["points"]``
+  base's height (negative below the base), at the P points ``metadata.height_scan.points``
   [m], given in the base's heading frame (x forward, y left; turning with the base's yaw only),
   in that order: what an elevation map around the robot reports
 - ``timestamp`` [s]: when the sensors were sampled (used by the control loop's watchdog)
@@ -49,7 +51,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -57,10 +59,12 @@ from typing import Any, cast
 import numpy as np
 import onnxruntime as ort
 
-METADATA_VERSIONS = (1, 2)  # 2 adds tracking terms, fall conditions and term params
-REQUIRED_KEYS = (
-    "metadata_version", "joint_names", "default_joint_pos", "action", "joint_stiffness", "joint_damping",
-    "effort_limits", "joint_limits", "control_dt", "physics_dt", "decimation", "observation", "onnx",
+from legion.sim2real.deploy.contract import (
+    ContractError,
+    Observation,
+    PolicyContract,
+    TaskSpace,
+    TaskSpaceChain,
 )
 
 
@@ -123,7 +127,7 @@ def _projected_gravity(state, command, last_action, terms):
     return quat_rotate_inverse(quat, GRAVITY_DIR)
 
 
-def _height_scan(params: dict):
+def _height_scan(params: dict[str, Any]):
     offset = float(params["offset"])  # training: base height above the terrain at each point - offset
 
     def height_scan(state, command, last_action, terms):
@@ -214,16 +218,16 @@ class Kinematics:
     (:class:`legion.tasks.manipulation.ik.KinematicChain`, exported as ``action.task_space.chain``),
     evaluated in numpy (float64) as training evaluates it in torch."""
 
-    def __init__(self, chain: dict):
-        parents, inv_children = (np.asarray(chain[k], np.float64) for k in ("parent_frames", "inv_child_frames"))
+    def __init__(self, chain: TaskSpaceChain):
+        parents, inv_children = (np.asarray(v, np.float64) for v in (chain.parent_frames, chain.inv_child_frames))
         # Between two joints' motions the frames compose to one constant transform: the first joint's
         # parent frame, then a joint's child frame inverted times the next one's parent frame (the tip
         # after the last joint).
-        ends = [*parents[1:], np.asarray(chain["tip"], np.float64)]
+        ends = [*parents[1:], np.asarray(chain.tip, np.float64)]
         self.links = [parents[0]] + [inv_child @ end for inv_child, end in zip(inv_children, ends)]
-        self.axes = np.asarray(chain["axes"], np.float64)  # (k, 3) unit axes, each in its joint's frame
-        self.revolute = np.asarray(chain["revolute"], bool)  # else prismatic
-        self.columns: list[int] = chain["joint_ids"]  # the joints (of the policy's joint order) that move the body
+        self.axes = np.asarray(chain.axes, np.float64)  # (k, 3) unit axes, each in its joint's frame
+        self.revolute = np.asarray(chain.revolute, bool)  # else prismatic
+        self.columns: list[int] = chain.joint_ids  # the joints (of the policy's joint order) that move the body
         # A joint's motion as 4x4 generators: I + sin(q) K + (1 - cos(q)) K^2 turns about a unit axis
         # (Rodrigues, K its cross-product matrix); I + q K slides along it.
         self.generators = np.zeros((len(self.axes), 4, 4))
@@ -268,14 +272,15 @@ class TaskSpaceTargets:
     sign of the last action component. (Training solves the 6x6 system by unrolled conjugate
     gradients, which ONNX and CUDA graphs take; here it is solved directly: the same step to ~1e-6.)"""
 
-    def __init__(self, kinematics: Kinematics, action: dict, joint_limits: np.ndarray, default_joint_pos: np.ndarray):
+    def __init__(self, kinematics: Kinematics, spec: TaskSpace, scale: float | list[float], joint_limits: np.ndarray,
+                 default_joint_pos: np.ndarray):
         self.kinematics = kinematics  # the observation's (ObservationTerms.kinematics): one evaluation per tick
-        spec = action["task_space"]  # ``action``: the metadata's
-        self.mode: str = spec["mode"]
-        self.scale, self.rotation_scale = float(action["scale"]), float(spec["rotation_scale"])
-        self.damping, self.max_error = float(spec["damping"]), float(spec["max_error"])
+        self.mode = spec.mode
+        # ``scale``: the action's, one value [m per unit] (a task-space action scales its position step by one)
+        self.scale, self.rotation_scale = float(np.asarray(scale)), float(spec.rotation_scale)
+        self.damping, self.max_error = float(spec.damping), float(spec.max_error)
         self.arm_limits = joint_limits[self.kinematics.columns]
-        self.gripper_limits = joint_limits[spec["gripper_joint_ids"]]
+        self.gripper_limits = joint_limits[spec.gripper_joint_ids]
         self.default_pos, self.default_rot, _ = self.kinematics(default_joint_pos)  # absolute mode's origin
         self.reset()
 
@@ -308,7 +313,8 @@ class TaskSpaceTargets:
 
 
 class OnnxPolicy:
-    """An exported policy: an onnxruntime session plus its checked metadata.
+    """An exported policy: an onnxruntime session plus its checked metadata (``metadata``: the
+    :class:`~legion.sim2real.deploy.contract.PolicyContract` embedded in the file).
 
     Args:
         path: ``policy.onnx`` (or ``policy_fp16.onnx``) written by ``legion export``.
@@ -316,7 +322,9 @@ class OnnxPolicy:
         check_hash: refuse a file whose sha256 differs from the one in ``policy.json`` beside it.
 
     Raises:
-        PolicyLoadError: unreadable, truncated or modified file, or inconsistent metadata.
+        PolicyLoadError: unreadable, truncated or modified file; metadata that is no contract this
+            runtime reads (a missing, unknown or mistyped field, another version) or that disagrees
+            with the model or with policy.json.
     """
 
     def __init__(self, path: str | Path, providers: list[str] | None = None, check_hash: bool = True):
@@ -327,17 +335,17 @@ class OnnxPolicy:
         sidecar_path, sidecar = path.parent / "policy.json", None
         if check_hash and sidecar_path.is_file():
             try:
-                sidecar = json.loads(sidecar_path.read_text())
-                files = sidecar["files"]
-            except (ValueError, KeyError, TypeError) as e:
-                raise PolicyLoadError(f"{sidecar_path} is not a legion policy.json ({e}). {hint}") from e
-            expected, actual = files.get(path.name, {}).get("sha256"), sha256_file(path)
-            if expected is None:
+                sidecar = PolicyContract.load(sidecar_path)
+            except ContractError as e:
+                raise PolicyLoadError(str(e)) from e
+            digest = (sidecar.files or {}).get(path.name)
+            if digest is None:
                 raise PolicyLoadError(f"{sidecar_path} lists no sha256 for {path.name}. {hint}")
-            if actual != expected:
+            actual = sha256_file(path)
+            if actual != digest.sha256:
                 raise PolicyLoadError(
                     f"{path} was modified or truncated after export: its sha256 is {actual[:12]}..., "
-                    f"policy.json says {expected[:12]}.... {hint}")
+                    f"policy.json says {digest.sha256[:12]}.... {hint}")
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1  # batch-1 MLPs: one thread is fastest and leaves the cores to the robot
         options.inter_op_num_threads = 1
@@ -350,34 +358,31 @@ class OnnxPolicy:
                                   f"{e.__class__.__name__}: {str(e)[:300]}. {hint}") from e
         props = self.session.get_modelmeta().custom_metadata_map
         try:
-            self.metadata = {key: json.loads(value) for key, value in props.items()}
+            embedded = {key: json.loads(value) for key, value in props.items()}
         except ValueError as e:
             raise PolicyLoadError(f"{path}: metadata_props hold invalid JSON ({e}). {hint}") from e
-        missing = [k for k in REQUIRED_KEYS if k not in self.metadata]
-        if missing:
-            raise PolicyLoadError(f"{path} carries no legion metadata {missing}: was it written by legion export? "
-                                  + hint)
-        if self.metadata["metadata_version"] not in METADATA_VERSIONS:
-            raise PolicyLoadError(f"{path} has metadata version {self.metadata['metadata_version']}; "
-                                  f"this runtime reads versions {METADATA_VERSIONS}. Update legion-rl on the robot.")
+        try:
+            self.metadata = PolicyContract.from_dict(embedded, path)  # the contract this runtime acts on
+        except ContractError as e:
+            raise PolicyLoadError(str(e)) from e
         self.path = path
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.obs_dim = self.session.get_inputs()[0].shape[-1]
         self.num_actions = self.session.get_outputs()[0].shape[-1]
-        self.recurrent = self.metadata["onnx"].get("recurrent")
+        self.recurrent = self.metadata.onnx.recurrent
         self._check_consistency()
         if sidecar is not None:
             self._check_agrees_with(sidecar, sidecar_path)
 
-    def _check_agrees_with(self, sidecar: dict, sidecar_path: Path) -> None:
+    def _check_agrees_with(self, sidecar: PolicyContract, sidecar_path: Path) -> None:
         """policy.json repeats the embedded metadata for the robot's own tools (servo gains, joint
         order): both must say the same, or the driver and this runtime would act on different values."""
-        written = {k: v for k, v in sidecar.items() if k not in ("files", "verification")}
-        differ = sorted(k for k in written.keys() | self.metadata.keys() if written.get(k) != self.metadata.get(k))
+        written, embedded = sidecar.embedded(), self.metadata.embedded()
+        differ = sorted(k for k in written.keys() | embedded.keys() if written.get(k) != embedded.get(k))
         if differ:
             key = differ[0]
-            json_value, onnx_value = (json.dumps(m.get(key))[:200] for m in (written, self.metadata))
+            json_value, onnx_value = (json.dumps(m.get(key))[:200] for m in (written, embedded))
             raise PolicyLoadError(
                 f"{sidecar_path} and the metadata embedded in {self.path.name} disagree on {differ} (e.g. '{key}': "
                 f"policy.json says {json_value}, the ONNX file {onnx_value}). This runtime would use the embedded "
@@ -387,21 +392,21 @@ class OnnxPolicy:
 
     def _check_consistency(self) -> None:
         meta, where = self.metadata, self.path
-        layout_size = sum(t["size"] for t in meta["observation"]["terms"])
-        if not (layout_size == meta["observation"]["size"] == self.obs_dim):
+        layout_size = sum(t.size for t in meta.observation.terms)
+        if not (layout_size == meta.observation.size == self.obs_dim):
             raise PolicyLoadError(f"{where}: the observation layout adds up to {layout_size} values (size "
-                                  f"{meta['observation']['size']}) but the model input 'obs' takes {self.obs_dim}. "
+                                  f"{meta.observation.size}) but the model input 'obs' takes {self.obs_dim}. "
                                   "The metadata was edited or belongs to another model; re-export.")
-        joints = len(meta["joint_names"])
-        lengths = {k: len(meta[k]) for k in ("default_joint_pos", "joint_stiffness", "joint_damping",
-                                             "effort_limits", "joint_limits")}
-        task_space = meta["action"].get("task_space")  # a pose (6) and the gripper's open/close, if it has one
-        actions = 6 + bool(task_space["gripper_joint_ids"]) if task_space else len(meta["action"]["joint_ids"])
+        joints = len(meta.joint_names)
+        lengths = {k: len(getattr(meta, k)) for k in ("default_joint_pos", "joint_stiffness", "joint_damping",
+                                                      "effort_limits", "joint_limits")}
+        task_space = meta.action.task_space  # a pose (6) and the gripper's open/close, if it has one
+        actions = 6 + bool(task_space.gripper_joint_ids) if task_space else len(meta.action.joint_ids)
         if any(n != joints for n in lengths.values()) or self.num_actions != actions:
             raise PolicyLoadError(f"{where}: {joints} joint names but per-joint lists of lengths {lengths} and "
-                                  f"{self.num_actions} actions where the action ({meta['action']['type']} of "
-                                  f"{len(meta['action']['joint_ids'])} joints) takes {actions}. Re-export.")
-        expected_inputs = ["obs"] + (["h_in", "c_in"] if self.recurrent and self.recurrent["type"] == "lstm"
+                                  f"{self.num_actions} actions where the action ({meta.action.type} of "
+                                  f"{len(meta.action.joint_ids)} joints) takes {actions}. Re-export.")
+        expected_inputs = ["obs"] + (["h_in", "c_in"] if self.recurrent and self.recurrent.type == "lstm"
                                      else ["h_in"] if self.recurrent else [])
         if self.input_names != expected_inputs:
             raise PolicyLoadError(f"{where}: model inputs {self.input_names}, metadata implies {expected_inputs}. "
@@ -415,7 +420,7 @@ class OnnxPolicy:
         """Zero recurrent state: [h] (GRU) or [h, c] (LSTM), each (layers, batch, hidden); [] for an MLP."""
         if not self.recurrent:
             return []
-        shape = (self.recurrent["num_layers"], batch, self.recurrent["hidden_size"])
+        shape = (self.recurrent.num_layers, batch, self.recurrent.hidden_size)
         return [np.zeros(shape, np.float32) for _ in self.input_names[1:]]
 
     def __call__(self, obs: np.ndarray, state: list[np.ndarray] | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -432,40 +437,43 @@ class ObservationTerms:
     """The policy's observation on one robot, built from the exported metadata alone: the training
     terms in the exported order (:data:`OBSERVATION_TERMS`), each clipped to ``[-clip, clip]`` then
     multiplied by its scale (noise is training-only). Independent of the action type (an effort
-    policy's observation is built the same way).
+    policy's observation is built the same way). :meth:`of` builds it from a policy's contract.
 
     Args:
-        metadata: the exported policy's metadata (``policy.json`` less its ``files``).
+        observation: the layout (the contract's ``observation``).
+        joint_names: the policy's joint order; default_joint_pos (J,) [rad or m] in it.
+        base_com: (3,) [m] the base's centre of mass in the base frame (``base_lin_vel`` is its velocity).
+        quat_reference: a pose command's reference quaternion (x, y, z, w); None: the command as given.
+        task_space: the task-space action's IK (its chain gives ``body_position``); None: none.
         where: what to name in errors (the policy file).
 
     Raises:
         PolicyLoadError: a term without an edge version in :data:`OBSERVATION_TERMS`.
     """
 
-    def __init__(self, metadata: dict, where: str | Path = "policy.json"):
-        self.joint_names: list[str] = metadata["joint_names"]
-        self.default_joint_pos = np.asarray(metadata["default_joint_pos"], np.float32)
-        # Absent before metadata carried it: those policies took the origin's velocity as it came.
-        self.base_com = np.asarray(metadata.get("base_com", (0.0, 0.0, 0.0)), np.float32)
+    def __init__(self, observation: Observation, joint_names: list[str], default_joint_pos: Sequence[float], *,
+                 base_com: Sequence[float] = (0.0, 0.0, 0.0), quat_reference: Sequence[float] | None = None,
+                 task_space: TaskSpace | None = None, where: str | Path = "policy.json"):
+        self.joint_names = joint_names
+        self.default_joint_pos = np.asarray(default_joint_pos, np.float32)
+        self.base_com = np.asarray(base_com, np.float32)
         # q and -q are one orientation; training observed the one in this quaternion's hemisphere.
-        reference = (metadata.get("command") or {}).get("quat_reference")
-        self.quat_reference = None if reference is None else np.asarray(reference, np.float32)
-        terms = metadata["observation"]["terms"]
-        self.size: int = metadata["observation"]["size"]
-        task_space = (metadata.get("action") or {}).get("task_space")  # metadata of observations alone has no action
-        self.kinematics = Kinematics(task_space["chain"]) if task_space else None
-        moved = [task_space["body_id"]] if task_space else None  # the one body forward kinematics gives
+        self.quat_reference = None if quat_reference is None else np.asarray(quat_reference, np.float32)
+        terms = observation.terms
+        self.size = observation.size
+        self.kinematics = Kinematics(task_space.chain) if task_space else None
+        moved = [task_space.body_id] if task_space else None  # the one body forward kinematics gives
         self.terms = []  # (name, function, size)
         low, high, scale = [], [], []  # per observation element: the clip range and the scale
         for term in terms:
-            edge = OBSERVATION_TERMS.get(term["func"])
+            edge = OBSERVATION_TERMS.get(term.func)
             if edge is None:
-                raise PolicyLoadError(f"{where}: observation term '{term['name']}' (function {term['func']}) has no "
+                raise PolicyLoadError(f"{where}: observation term '{term.name}' (function {term.func}) has no "
                                       f"edge-runtime version; known: {sorted(OBSERVATION_TERMS)}. Add it to "
                                       "sim2real/deploy/policy.py OBSERVATION_TERMS.")
-            params = term.get("params") or {}
-            if term["func"] == "body_position" and params.get("bodies") != moved:
-                raise PolicyLoadError(f"{where}: observation term '{term['name']}' (body_position of bodies "
+            params = term.params
+            if term.func == "body_position" and params.get("bodies") != moved:
+                raise PolicyLoadError(f"{where}: observation term '{term.name}' (body_position of bodies "
                                       f"{params.get('bodies')}) is computed on the robot by forward kinematics of the "
                                       "task-space action's chain, and this policy's action moves no such body. "
                                       "Observe the task-space action's own body (task.action.params.body).")
@@ -473,17 +481,26 @@ class ObservationTerms:
             joints = params.get("joints")  # a subset of the joints (metadata version 2)
             if joints is not None and list(joints) != list(range(len(self.joint_names))):
                 func = _joint_subset(func, np.asarray(joints))
-            clip = np.inf if term.get("clip") is None else term["clip"]
-            size = term["size"]
-            self.terms.append((term["name"], func, size))
-            low.append(np.full(size, -clip, np.float32))
-            high.append(np.full(size, clip, np.float32))
-            scale.append(np.broadcast_to(np.asarray(term["scale"], np.float32), (size,)))
+            clip = np.inf if term.clip is None else term.clip
+            self.terms.append((term.name, func, term.size))
+            low.append(np.full(term.size, -clip, np.float32))
+            high.append(np.full(term.size, clip, np.float32))
+            scale.append(np.broadcast_to(np.asarray(term.scale, np.float32), (term.size,)))
         self.low, self.high, self.scale = (np.concatenate(v) for v in (low, high, scale))
         self.clipped = bool(np.isfinite(self.high).any())
-        self.state_keys = sorted({k for t in terms for k in OBSERVATION_TERMS[t["func"]].reads})
-        lengths = {"J": len(self.joint_names), "P": next((t["size"] for t in terms if t["func"] == "height_scan"), 0)}
+        self.state_keys = sorted({k for t in terms for k in OBSERVATION_TERMS[t.func].reads})
+        lengths = {"J": len(self.joint_names), "P": next((t.size for t in terms if t.func == "height_scan"), 0)}
         self.state_shapes = [(k, (lengths.get(STATE_LENGTHS[k], STATE_LENGTHS[k]),)) for k in self.state_keys]
+
+    @classmethod
+    def of(cls, contract: PolicyContract, where: str | Path = "policy.json",
+           observation: Observation | None = None) -> ObservationTerms:
+        """The observation of the policy ``contract`` describes (or another ``observation`` layout
+        on the same robot, e.g. a critic group's)."""
+        command = contract.command
+        return cls(observation or contract.observation, contract.joint_names, contract.default_joint_pos,
+                   base_com=contract.base_com, quat_reference=command.quat_reference if command else None,
+                   task_space=contract.action.task_space, where=where)
 
     def check_state(self, state: dict) -> None:
         """Raises :class:`StateError` unless every field the policy reads is in ``state``, numeric
@@ -506,8 +523,9 @@ class ObservationTerms:
             raise StateError(f"robot state '{key}' is not an array of numbers ({e}); the policy expects shape "
                              f"{shape}") from None
         if value.shape != shape or value.dtype.kind not in "iuf":
-            order = {"J": ", one per joint in metadata['joint_names'] order",
-                     "P": ", one per point in metadata['height_scan']['points'] order"}.get(STATE_LENGTHS[key], "")
+            orders = {"J": ", one per joint in the order of policy.json's joint_names",
+                      "P": ", one per point in the order of policy.json's height_scan.points"}
+            order = orders.get(STATE_LENGTHS[key], "")
             raise StateError(f"robot state '{key}' has shape {value.shape} and dtype {value.dtype}; the policy "
                              f"expects shape {shape} numbers{order} (see sim2real/deploy/policy.py for units "
                              "and frames)")
@@ -570,28 +588,28 @@ class PolicyRunner:
 
     def __init__(self, path: str | Path, providers: list[str] | None = None, check_hash: bool = True):
         self.policy = OnnxPolicy(path, providers, check_hash)
-        meta = self.metadata = self.policy.metadata
-        action = meta["action"]
-        if action["type"] not in ("joint_position", "joint_position_delta", "task_space"):
-            raise PolicyLoadError(f"{path}: action type '{action['type']}'. The edge runtime drives position-"
+        meta = self.metadata = self.policy.metadata  # the policy's contract
+        action = meta.action
+        if action.type not in ("joint_position", "joint_position_delta", "task_space"):
+            raise PolicyLoadError(f"{path}: action type '{action.type}'. The edge runtime drives position-"
                                   "controlled joints (action type joint_position, joint_position_delta or "
                                   "task_space); effort policies need their own runner (ObservationTerms builds "
                                   "their observation).")
-        self.action_delta = action["type"] == "joint_position_delta"
-        self.action_joint_ids = np.asarray(action["joint_ids"])
-        self.action_limits = np.asarray(meta["joint_limits"], np.float32)[self.action_joint_ids]
-        self.joint_names: list[str] = meta["joint_names"]
-        self.control_dt: float = meta["control_dt"]
-        self.action_scale = np.asarray(action["scale"], np.float32)
-        self.action_offset = np.asarray(action["offset"], np.float32)
-        self.action_clip = action.get("clip")
-        self.action_clamp = action.get("clamp_to_limits", False)  # absent before metadata carried it
-        self.action_rate = action.get("max_target_rate")  # [rad/s] or None
-        self.terms = ObservationTerms(meta, path)
+        self.action_delta = action.type == "joint_position_delta"
+        self.action_joint_ids = np.asarray(action.joint_ids)
+        self.action_limits = np.asarray(meta.joint_limits, np.float32)[self.action_joint_ids]
+        self.joint_names = meta.joint_names
+        self.control_dt = meta.control_dt
+        self.action_scale = np.asarray(action.scale, np.float32)
+        self.action_offset = np.asarray(action.offset, np.float32)
+        self.action_clip = action.clip
+        self.action_clamp = action.clamp_to_limits
+        self.action_rate = action.max_target_rate  # [rad/s] or None
+        self.terms = ObservationTerms.of(meta, path)
         self.state_keys = self.terms.state_keys
-        self.task_space = None if self.terms.kinematics is None else TaskSpaceTargets(
-            self.terms.kinematics, action, np.asarray(meta["joint_limits"], np.float64),
-            np.asarray(meta["default_joint_pos"], np.float64))
+        self.task_space = None if self.terms.kinematics is None or action.task_space is None else TaskSpaceTargets(
+            self.terms.kinematics, action.task_space, action.scale, np.asarray(meta.joint_limits, np.float64),
+            np.asarray(meta.default_joint_pos, np.float64))
         self.reset()
 
     def reset(self) -> None:
@@ -656,6 +674,6 @@ class PolicyRunner:
             self.targets = targets.copy()  # the caller may write into what it gets
         if len(targets) == len(self.joint_names):
             return targets
-        full = np.asarray(self.metadata["default_joint_pos"], np.float32).copy()
+        full = np.asarray(self.metadata.default_joint_pos, np.float32).copy()
         full[self.action_joint_ids] = targets
         return full

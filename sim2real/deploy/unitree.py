@@ -578,13 +578,13 @@ class UnitreeRobot:
         model = ROBOTS[robot] if isinstance(robot, str) else robot
         self.model, self.now = model, now
         meta = runner.metadata
-        self.motors = motor_order(model, meta["joint_names"])
+        self.motors = motor_order(model, meta.joint_names)
         needs = set(runner.state_keys)
         if "height_scan" in needs or "object_pos" in needs:
             raise ValueError(f"the policy reads {sorted(needs & {'height_scan', 'object_pos'})}, which no Unitree "
                              "topic carries: deploy a policy without them (e.g. a flat-terrain one).")
-        self.kp = np.asarray(meta["joint_stiffness"], np.float32)
-        self.kd = np.asarray(meta["joint_damping"], np.float32)
+        self.kp = np.asarray(meta.joint_stiffness, np.float32)
+        self.kd = np.asarray(meta.joint_damping, np.float32)
         self.damping_kd = model.damping_kd if damping_kd is None else damping_kd
         state_type, cmd_type = model.messages
         self.participant = participant(domain, interface)
@@ -702,7 +702,7 @@ def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = 
     runner = PolicyRunner(Path(folder) / "policy.onnx")
     unitree = UnitreeRobot(robot, runner, domain, interface)
     safety = safety or SafetyConfig()
-    dt, default = runner.control_dt, np.asarray(runner.metadata["default_joint_pos"], np.float32)
+    dt, default = runner.control_dt, np.asarray(runner.metadata.default_joint_pos, np.float32)
     say(f"[deploy] {unitree.model.name}: {len(unitree.motors)} motors on DDS domain {domain}, interface "
         f"{interface or 'auto'}; policy {runner.policy.path} at {1 / dt:.0f} Hz")
 
