@@ -102,18 +102,63 @@ def test_bad_arguments_fail_first_with_exit_code_2(tmp_path, monkeypatch):
     assert not (tmp_path / "runs").exists()  # nothing was started
 
 
+@pytest.mark.parametrize("overrides, lines", [
+    (["task.scene.robot.file=missing.xml"],
+     ["task.scene.robot.file=missing.xml: Robot model 'missing.xml' not found (looked in the working directory"]),
+    (["+task.scene.robot.actuators.knee={joints: '.*_calf_joint', stiffness: -5}"],
+     ["task.scene.robot.actuators.knee.stiffness=-5: must be >= 0 [N m/rad or N/m] (0: none, e.g. a passive"]),
+    (["+task.scene.robot.actuators.legs={joints: '.*', damping: -0.5, effort_limit: 0}"],
+     ["task.scene.robot.actuators.legs.damping=-0.5: must be >= 0 [N m s/rad or N s/m]",
+      "task.scene.robot.actuators.legs.effort_limit=0: must be > 0, the motors' peak torque"]),
+    (["+task.scene.robot.actuators.legs={joints: '.*', model: dc_motor, saturation_effort: -1, velocity_limit: 0}"],
+     ["task.scene.robot.actuators.legs.saturation_effort=-1: must be > 0, the motor's stall torque",
+      "task.scene.robot.actuators.legs.velocity_limit=0: must be > 0, the speed at which the motor's torque"]),
+])
+def test_a_robot_that_cannot_work_is_refused_by_key_before_anything_is_built(overrides, lines, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = legion_in_process("train", "task=quadruped_flat", "sim.num_envs=4", *overrides)
+    printed = err.removeprefix("legion train: ").strip().splitlines()
+    assert code == 2 and len(printed) == len(lines), err[-2000:]  # one line per problem, no traceback
+    assert all(line.startswith(expected) for line, expected in zip(printed, lines)), err
+    assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+def test_an_objects_mass_must_be_positive_and_a_passive_joints_zero_gains_stay_valid():
+    from legion import api
+
+    with pytest.raises(ConfigError, match=r"^task\.scene\.objects\.cube\.mass=0: must be > 0 \[kg\]$"):
+        api.validate(compose("task=arm_lift", "task.scene.objects.cube.mass=0"))
+    # No spring, no damper: a passive (or effort-controlled) joint, as panda.yaml's follower finger
+    api.validate(compose("task=quadruped_flat",
+                         "+task.scene.robot.actuators.passive={joints: '.*_calf_joint', stiffness: 0, damping: 0}"))
+
+
+def test_a_task_that_needs_a_group_the_robot_lacks_names_it_and_the_robots_that_have_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = legion_in_process("train", "task=arm_reach", "robot=go2")
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert err.strip() == ("legion train: task=arm_reach needs the robot's joint group 'arm' "
+                           "(task.scene.robot.joints.arm), which robot=go2 does not define; robots that do: arm, "
+                           "panda. Choose one of them, or add joints: {arm: <joint name regex>} to the robot's YAML.")
+    with pytest.raises(ConfigError, match=r"task=quadruped_flat needs the robot's body group 'feet' "
+                                          r"\(task\.scene\.robot\.bodies\.feet\), which robot=panda does not define; "
+                                          r"robots that do: biped, g1, go2, quadruped\."):
+        compose("task=quadruped_flat", "robot=panda")
+
+
 def test_a_run_whose_env_fails_to_build_leaves_no_run_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, _, err = legion_in_process("train", "task.scene.robot.file=missing.xml", "sim.num_envs=4")
-    assert code == 1 and "Robot model 'missing.xml' not found" in err
+    (tmp_path / "broken.xml").write_text("<mujoco><worldbody><body name='b'></worldbody></mujoco>")
+    code, _, err = legion_in_process("train", "task.scene.robot.file=broken.xml", "sim.num_envs=4")
+    assert code == 2 and "Could not load robot model" in err and "Traceback" not in err, err[-2000:]
     assert not list(tmp_path.glob("runs/*/*"))  # a run that never started leaves no folder behind
 
 
 def test_resume_from_a_chosen_checkpoint(tmp_path):
-    from legion import commands
+    from legion.commands.train import train
 
     run = tmp_path / "run"
-    commands.train(compose("task=cartpole", "sim.num_envs=16", "agent.num_steps_per_env=8", "agent.save_interval=1",
+    train(compose("task=cartpole", "sim.num_envs=16", "agent.num_steps_per_env=8", "agent.save_interval=1",
                        "agent.max_iterations=3"), run)
     code, out, err = legion_in_process("train", f"resume={run}", f"checkpoint={run / 'model_1.pt'}",
                                        "agent.max_iterations=2")

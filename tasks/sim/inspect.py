@@ -206,16 +206,13 @@ def inspect_robot(file: str | None, out: Path | str | None = None, robot: RobotC
 
 
 def load_robot_config(name: str) -> RobotCfg:
-    """A robot config: ``configs/robot/<name>.yaml`` or a YAML file, checked against the schema."""
+    """A robot config: a YAML file, or ``robot/<name>.yaml`` of configs/ or a LEGION_CONFIG_PATH
+    folder (as ``legion train robot=`` finds it), checked against the schema."""
     from omegaconf import OmegaConf
 
-    from legion.configs import CONFIG_DIR
+    from legion.configs import config_file, robot_problems
 
-    path = Path(name) if name.endswith((".yaml", ".yml")) or os.sep in name else CONFIG_DIR / "robot" / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in (CONFIG_DIR / "robot").glob("*.yaml"))
-        raise ValueError(f"robot={name}: no such robot config ({path}); configs/robot/ has {', '.join(known)}, "
-                         "or give a .yaml file.")
+    path = config_file("robot", name)
     try:
         cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RobotCfg), OmegaConf.load(path)))
         assert isinstance(cfg, RobotCfg)
@@ -224,6 +221,9 @@ def load_robot_config(name: str) -> RobotCfg:
                          for group, entry in cfg.actuators.items()}
     except Exception as e:
         raise ValueError(f"{path}: {_one_line(e)}") from None
+    problems = robot_problems(cfg, key="")
+    if problems:
+        raise ValueError("\n".join(f"{path}: {problem}" for problem in problems))
     return cfg
 
 
@@ -475,8 +475,9 @@ def robot_yaml(result: Inspection) -> str:
              f"# {result.name}, written by legion-rl {__version__}'s",
              f"#   legion robot inspect {result.file}",
              "# as a starting point: values marked TODO are placeholders, the rest is the file's or a guess from",
-             "# its names. Put it in configs/robot/ (legion train task=... robot=<name>) and check it with",
-             "#   legion robot inspect robot=<this file>",
+             "# its names. Check it with `legion robot inspect robot=<this file>`, train with it where it is",
+             "# (legion train task=... robot=<this file>), or keep it as robot/<name>.yaml in a folder of",
+             "# LEGION_CONFIG_PATH (then robot=<name>).",
              f"file: {json.dumps(_portable(result))}"]
     why = "the file has a free joint" if result.floating_base else \
         f"the file's base is fixed, but it has legs ({_names(legs, 2)})" if floating else \
