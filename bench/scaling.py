@@ -24,13 +24,13 @@ from common import ROOT, print_table, write_json
 
 
 def worker(task: str, num_envs: int, iterations: int, device: str, out: Path) -> None:
-    """One rank: trains through legion.commands.train; rank 0 writes its per-iteration history."""
+    """One rank: trains through legion.commands.train.train; rank 0 writes its per-iteration history."""
     from common import compose
-    from legion import commands
+    from legion.commands.train import train
 
     cfg = compose(f"task={task}", f"sim.num_envs={num_envs}", f"agent.max_iterations={iterations}",
                   "agent.save_interval=100000", f"device={device}")
-    runner = commands.train(cfg, out.parent / "run")
+    runner = train(cfg, out.parent / "run")
     if int(os.environ.get("RANK", "0")) == 0:
         out.write_text(json.dumps(list(runner.history)))
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from legion.configs import FIX, ConfigError, load_run_config, schema
+from legion import set_process_env
+from legion.configs import FIX, ConfigError, load_run_config, scene_problems, schema
 
 if TYPE_CHECKING:
     from legion.agents.distributed import Group
@@ -32,9 +33,9 @@ class RunError(ValueError):
 # --- process ---------------------------------------------------------------------------------------
 def setup_process() -> None:
     """Process-wide settings every command shares: quiet Warp with its kernel cache, torch threads,
-    offscreen OpenGL for MuJoCo's renderer (chosen when mujoco is first imported)."""
-    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
-    os.environ.setdefault("MUJOCO_GL", "egl")
+    offscreen OpenGL for MuJoCo's renderer (chosen when mujoco is first imported), MKL's
+    thread-independent matrix products (:data:`legion.PROCESS_ENV`)."""
+    set_process_env()
     import torch
     import warp as wp
 
@@ -63,9 +64,14 @@ def validate(cfg: schema.Train) -> None:
     """Checks the values a run needs before anything is built; one line per problem."""
     import torch
 
+    from legion.tasks.sim.scene import resolve_asset
     from legion.tasks.sim.solver import SOLVERS
 
-    problems = []
+    problems = scene_problems(cfg.task.scene)
+    try:
+        resolve_asset(cfg.task.scene.robot.file)
+    except FileNotFoundError as e:  # its message says where it looked and what a robot file can be
+        problems.append(f"task.scene.robot.file={cfg.task.scene.robot.file}: {e}")
     sim, agent = cfg.sim, cfg.agent
     positive = {"sim.num_envs": sim.num_envs, "sim.decimation": sim.decimation, "sim.dt": sim.dt,
                 "agent.num_steps_per_env": agent.num_steps_per_env, "agent.save_interval": agent.save_interval,

@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run ... tests/distributed_worker.py OUT_DIR [key=value ...]
 
-Trains through legion.commands.train into OUT_DIR/run and writes OUT_DIR/rank<R>.json: a checksum of
+Trains through legion.commands.train.train into OUT_DIR/run and writes OUT_DIR/rank<R>.json: a checksum of
 the policy's and the critic's weights after every update, the last update's losses, whether the actor
 is recurrent, and rank 0's training history.
 LEGION_TEST_DIE_AT=<iteration> makes the last rank exit abruptly once it has finished that iteration.
@@ -16,7 +16,8 @@ from pathlib import Path
 
 from rsl_rl.algorithms import PPO
 
-from legion import commands, configs
+from legion import configs
+from legion.commands.train import train
 
 out, overrides = Path(sys.argv[1]), sys.argv[2:]
 rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -35,7 +36,7 @@ def update_and_checksum(self):
 
 
 PPO.update = update_and_checksum
-runner = commands.train(configs.compose(*overrides), out / "run")
+runner = train(configs.compose(*overrides), out / "run")
 (out / f"rank{rank}.json").write_text(json.dumps({
     "checksums": checksums, "losses": losses, "recurrent": runner.ppo.actor.is_recurrent,
     "mean_episode_length": runner.mean_episode_length,

@@ -1,6 +1,6 @@
-"""The house: every package folder ships in the wheel, and the imports between modules, the ones
+"""The house: every package folder ships in the wheel, the imports between modules, the ones
 inside functions included, form no cycle and flow one way (configs -> tasks, agents -> api ->
-sim2real -> commands -> cli)."""
+sim2real, viewer, evaluation -> commands -> cli), and only the command layer sets up the process."""
 
 import ast
 import os
@@ -14,25 +14,28 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "legion"
 
-# Which packages a package may import from (besides itself): the data flow of DESIGN.md. The
-# learning code sees only the VecEnv contract, never a task; the library (legion.api) builds what
-# commands and sim2real use; nothing below the command layer imports it. The root package (only
-# the version) is for everyone.
+# Which packages a package may import from (besides itself): the data flow of docs/architecture.md.
+# The learning code sees only the VecEnv contract, never a task; the library (legion.api) builds
+# what sim2real, the viewer, evaluation and the commands use; nothing below the command layer
+# (legion.commands: one module per command) imports it, and the CLI only dispatches to it. The root
+# package (the version, the process environment) is for everyone.
+LIBRARY = {"legion.configs", "legion.tasks", "legion.agents", "legion.api"}
 MAY_IMPORT = {
     "legion.configs": set(),
     "legion.tasks": {"legion.configs"},
     "legion.agents": {"legion.configs"},
     "legion.api": {"legion.configs", "legion.tasks", "legion.agents"},
-    "legion.viewer": {"legion.configs", "legion.tasks", "legion.agents"},
-    "legion.sim2real": {"legion.configs", "legion.tasks", "legion.agents", "legion.api", "legion.viewer"},
-    "legion.evaluation": {"legion.configs", "legion.tasks", "legion.agents", "legion.api"},
-    "legion.commands": {"legion.configs", "legion.tasks", "legion.agents", "legion.api", "legion.sim2real",
-                        "legion.viewer"},
-    "legion.cli": {"legion.configs", "legion.tasks", "legion.agents", "legion.api", "legion.sim2real",
-                   "legion.evaluation", "legion.commands", "legion.viewer"},
+    "legion.viewer": LIBRARY,
+    "legion.sim2real": LIBRARY,
+    "legion.evaluation": LIBRARY,
+    "legion.commands": LIBRARY | {"legion.sim2real", "legion.evaluation", "legion.viewer"},
+    "legion.cli": {"legion.configs", "legion.commands"},
     "legion.__main__": {"legion.cli"},
     "legion": set(),
 }
+# Process-wide setup (threads, Warp's cache, the environment) is the command's to make, once, before
+# it builds anything: a library function that made it would change the process of whoever calls it.
+SETS_UP_THE_PROCESS = ("legion.api", "legion.commands", "legion.cli")
 
 
 def package_files() -> list[Path]:
@@ -150,7 +153,8 @@ def test_the_import_scan_sees_a_cycle_and_a_wrong_way_import(tmp_path):
     """The scan itself: a cycle through a function-level import, and sim2real importing the CLI."""
     record = tmp_path / "record.py"
     record.write_text("def f():\n    from legion.commands import train\n")
-    modules = {"legion.sim2real.trajectories.record": record, "legion.commands": ROOT / "legion" / "commands.py"}
+    modules = {"legion.sim2real.trajectories.record": record,
+               "legion.commands": ROOT / "legion" / "commands" / "__init__.py"}
     assert imports_of("legion.sim2real.trajectories.record", record, modules, at_run_time=True) == {"legion.commands"}
     record.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from legion.commands import train\n")
     assert imports_of("legion.sim2real.trajectories.record", record, modules) == {"legion.commands"}
@@ -158,3 +162,15 @@ def test_the_import_scan_sees_a_cycle_and_a_wrong_way_import(tmp_path):
     assert owner("legion.commands") not in MAY_IMPORT[owner("legion.sim2real.trajectories.record")]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_only_the_command_layer_sets_up_the_process():
+    """setup_process (torch's threads, Warp's kernel cache) and set_process_env (MKL's reproducible
+    mode, MuJoCo's OpenGL backend) are called by a command, or by legion.api's loading of a run,
+    never by tasks, agents, sim2real, the viewer or evaluation."""
+    calls = sorted(f"{name} calls {node.id if isinstance(node, ast.Name) else node.attr}"
+                   for name, path in package_modules().items() if not name.startswith(SETS_UP_THE_PROCESS)
+                   and name != "legion" for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, (ast.Name, ast.Attribute))
+                   and (node.id if isinstance(node, ast.Name) else node.attr) in ("setup_process", "set_process_env"))
+    assert not calls, "\n".join(calls)

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from conftest import ROOT, compose, legion_in_process
-from legion import api, commands, configs
+from legion import api, configs
+from legion.commands.train import train
 
 RANDOMIZED = ["task.events.push.interval_s=[0.1,0.2]", "task.events.action_delay.enabled=true",
               "task.events.link_mass.enabled=true", "task.events.stiffness.enabled=true",
@@ -60,6 +61,7 @@ def cartpole(tmp_path_factory):
 
 
 # --- recording and exact replay ------------------------------------------------------------------
+@pytest.mark.bit_exact
 def test_actions_replay_reproduces_a_randomized_pushed_delayed_recording_bit_for_bit(quadruped):
     from legion.sim2real.trajectories import TrajectoryFile
     from legion.sim2real.trajectories.replay import replay
@@ -91,6 +93,7 @@ def test_actions_replay_reproduces_a_randomized_pushed_delayed_recording_bit_for
     assert "bit-exact" in result.report()
 
 
+@pytest.mark.bit_exact
 def test_states_replay_equals_the_recording_exactly(quadruped):
     from legion.sim2real.trajectories import TrajectoryFile
     from legion.sim2real.trajectories.replay import replay
@@ -123,12 +126,13 @@ def test_record_and_replay_on_the_command_line(cartpole, tmp_path, monkeypatch):
         assert code == 2 and message in err and "Traceback" not in err, (args, err)
 
 
+@pytest.mark.bit_exact
 def test_recording_while_training_changes_nothing_the_run_learns(tmp_path):
     from legion.sim2real.trajectories import TrajectoryFile
 
     tiny = ["task=cartpole", "sim.num_envs=32", "agent.max_iterations=2", "agent.num_steps_per_env=8"]
-    plain = commands.train(compose(*tiny), tmp_path / "plain")
-    recorded = commands.train(compose(*tiny, "task.record.every=1", "task.record.episodes=2", "task.record.num_envs=2"),
+    plain = train(compose(*tiny), tmp_path / "plain")
+    recorded = train(compose(*tiny, "task.record.every=1", "task.record.episodes=2", "task.record.num_envs=2"),
                           tmp_path / "recorded")
     for a, b in zip(plain.ppo.get_policy().state_dict().values(), recorded.ppo.get_policy().state_dict().values()):
         assert torch.equal(a, b)

@@ -16,7 +16,8 @@ import pytest
 from browser import CHROMIUM, Browser
 
 from conftest import compose, legion_in_process
-from legion import api, commands
+from legion import api
+from legion.commands.train import train
 
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
 
@@ -31,7 +32,7 @@ def trained(tmp_path_factory):
     try:
         cfg = compose("task=quadruped_flat", "sim.num_envs=16", "agent.max_iterations=2", "agent.num_steps_per_env=8",
                       "agent.video.every=1", "agent.video.max_seconds=1", "agent.logger=wandb")
-        commands.train(cfg, run)
+        train(cfg, run)
     finally:
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
@@ -196,13 +197,13 @@ def test_chromium_shows_the_live_robot_and_it_moves(live, tmp_path):
 
 @needs_chromium
 def test_a_replay_html_file_opens_from_disk_and_shows_the_robot(trained, tmp_path):
+    from legion.commands.replay import replay_and_write
     from legion.sim2real.trajectories.record import record_run
-    from legion.sim2real.trajectories.replay import replay_command
     from legion.viewer import ReplayView
 
     recording = tmp_path / "demos.h5"
     record_run(trained, 1, recording, overrides=["task.episode_length_s=1"])
-    result, written = replay_command(recording, "actions", None, None, False, False, tmp_path / "out", False,
+    result, written = replay_and_write(recording, "actions", None, None, False, False, tmp_path / "out", False,
                                      ReplayView(live=False, html=True))
     page = tmp_path / "out" / "replay.html"
     assert written == [page] and result.bit_exact

@@ -257,13 +257,12 @@ def record_run(run: Path, episodes: int, out: Path | None = None, video_dir: Pat
     ``on_episode(k, episode)`` is called after (printing). Existing outputs are refused unless
     ``overwrite``. Returns the loaded run (:class:`legion.api.LoadedRun`).
     """
-    from legion.api import load_run, setup_process
+    from legion.api import load_run
 
     if out is not None:
         refuse_existing(Path(out), overwrite)
     if video_dir is not None and Path(video_dir).exists() and any(Path(video_dir).iterdir()) and not overwrite:
         refuse_existing(Path(video_dir), overwrite, "video folder")
-    setup_process()  # before mujoco is imported: the offscreen OpenGL backend
     loaded = loaded or load_run(run, checkpoint, overrides, num_envs=min(episodes, 16))
     policy = loaded.runner.ppo.get_policy()
     policy.eval()
@@ -321,12 +320,11 @@ def record_scripted(spec: str, episodes: int, out: Path | None, video_dir: Path 
     """``legion record policy=scripted:...``: a scripted policy's episodes on the task the overrides
     compose (``sim.num_envs`` default min(episodes, 16); observation noise off, as for a trained
     run's). Returns the config."""
-    from legion.api import make_env, seed_everything, setup_process, validate
+    from legion.api import make_env, seed_everything, validate
     from legion.configs import compose
 
     if out is not None:
         refuse_existing(Path(out), overwrite)
-    setup_process()
     if not any(o.startswith("sim.num_envs=") for o in overrides):
         overrides = (*overrides, f"sim.num_envs={min(episodes, 16)}")
     cfg = compose(*overrides)

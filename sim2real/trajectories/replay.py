@@ -37,14 +37,12 @@ from legion.sim2real.trajectories.file import (
     TrajectoryFile,
     TrajectoryFileError,
     config_of,
-    refuse_existing,
     sha256_file,
 )
 from legion.sim2real.trajectories.record import Layout, param_views, state_views, versions
 
 if TYPE_CHECKING:
     from legion.tasks.env import LegionEnv
-    from legion.viewer import ReplayView
 
 MODES = ("actions", "states")
 
@@ -176,7 +174,6 @@ def replay(path: str | Path, mode: str = "actions", episodes=None, device: str |
         for term in cfg.task.events.values():
             term.enabled = False
     api.validate(cfg)
-    api.setup_process()
     api.seed_everything(cfg.seed)
     env = api.make_env(cfg)
     with torch.inference_mode():
@@ -328,20 +325,3 @@ def write_outputs(result: ReplayResult, out: Path, video: bool, plots: bool, ove
         for i, name in enumerate(result.names):
             written += media.plot_episode(result, i, out, name)
     return written
-
-
-def replay_command(path: Path, mode: str, episodes, device, video: bool, plots: bool, out: Path | None,
-                   overwrite: bool, view: ReplayView | None = None) -> tuple[ReplayResult, list[Path]]:
-    """``legion replay`` as a function: replay (drawn by ``view``: a live viewer, an HTML file),
-    then the outputs (default folder ``<file>_replay/``)."""
-    path = Path(path)
-    out = Path(out) if out else path.with_name(path.stem + "_replay")
-    if (video or plots or (view and view.html)) and out.exists() and any(out.iterdir()) and not overwrite:
-        refuse_existing(out, overwrite)  # before the replay runs: fail fast
-    if view is not None:
-        view.out = out
-    result = replay(path, mode, episodes, device, view)
-    written = view.finish() if view is not None else []
-    if video or plots:
-        written += write_outputs(result, out, video, plots, overwrite=True)
-    return result, written

@@ -1,46 +1,72 @@
-"""What the ``legion`` commands do, as functions: train a run, play a trained policy.
-
-:mod:`legion.cli` parses arguments and calls these (and :mod:`legion.evaluation`,
-:mod:`legion.sim2real`); tests and benchmarks call them too. Built on :mod:`legion.api`; nothing
-below this layer imports it.
-"""
+"""`legion train`: a new run (Hydra composes it; -m sweeps; torchrun ranks), or `resume=` an earlier one."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
-from collections.abc import Iterator
+import sys
+import tempfile
 from pathlib import Path
 
-from legion.api import LoadedRun, RunError, make_env, make_runner, seed_everything, setup_process, validate
+from legion.api import RunError, make_env, make_runner, seed_everything, setup_process, validate
+from legion.commands import UsageError, guarded, run_args
 from legion.configs import save_config, schema
 
+HELP = """usage: legion train resume=<run folder> [checkpoint=FILE] [key=value ...]
 
-def play(loaded: LoadedRun, episodes: int) -> Iterator[dict]:
-    """Runs the trained policy deterministically (noise off) on the run's env; yields
-    ``{"return", "length", "time_out"}`` for each of the first ``episodes`` episodes that finish."""
-    import torch
+Continues a run in its own folder from its newest good checkpoint (a damaged newer one is
+skipped with a warning) or from checkpoint=FILE, with the run's saved config.yaml and any
+overrides on top (e.g. agent.max_iterations=null). Networks, normalizers, optimizer, learning
+rate, iteration, randomization ranges and random generators continue where they stopped.
+"""
 
-    env = loaded.env
-    policy = loaded.runner.ppo.get_policy()
-    policy.eval()
-    obs = env.get_observations()
-    returns = torch.zeros(env.num_envs, device=env.device)
-    lengths = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
-    finished = 0
-    with torch.inference_mode():
-        while finished < episodes:
-            obs, rewards, dones, extras = env.step(policy(obs))
-            policy.reset(dones)  # a recurrent policy's state ends with its episode
-            returns += rewards
-            lengths += 1
-            for i in dones.nonzero().squeeze(-1).tolist():
-                if finished < episodes:
-                    yield {"return": returns[i].item(), "length": int(lengths[i]),
-                           "time_out": bool(extras["time_outs"][i])}
-                finished += 1
-            returns[dones] = 0.0
-            lengths[dones] = 0
+
+def run(args: list[str]) -> None:
+    from legion import configs
+
+    if "--nproc" in args:  # a shortcut for torchrun on this machine
+        at = args.index("--nproc")
+        if at + 1 >= len(args) or not args[at + 1].isdigit() or int(args[at + 1]) < 1:
+            raise UsageError("--nproc K: K processes (ranks) on this machine, K >= 1")
+        nproc, rest = args[at + 1], args[:at] + args[at + 2:]
+        os.execvp(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                   f"--nproc_per_node={nproc}", "-m", "legion", "train", *rest])
+    if any(a.startswith("resume=") for a in args):
+        if any(a in ("-h", "--help") for a in args):
+            print(HELP)
+            return
+        resumed = [f"run={a.split('=', 1)[1]}" if a.startswith("resume=") else a for a in args]
+        run, options, overrides = run_args(resumed, HELP, {"checkpoint": None})
+        train(configs.load_run_config(run, overrides), run, resume=True, checkpoint=options["checkpoint"])
+        return
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    rank = int(os.environ.get("RANK", "0"))
+    if rank > 0 and multirun:
+        raise UsageError("a Hydra multirun cannot run under torchrun; sweep the distributed runs one by one.")
+    if multirun or any(a.startswith("-") for a in args):  # a sweep, or Hydra's own flags (--help, --cfg job, ...)
+        _hydra_train(args)
+        return
+    cfg, run_dir = configs.compose_run(*args)  # one run: composed once, Hydra's folder name included
+    if rank > 0:  # torchrun's other ranks: rank 0 alone writes the run folder
+        run_dir = Path(tempfile.gettempdir()) / f"legion-rank{rank}-{os.getpid()}"
+    train(cfg, run_dir)
+
+
+def _hydra_train(args: list[str]) -> None:
+    """A Hydra job per run (a ``-m`` sweep, or Hydra's flags): each job's config typed once."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from legion import configs
+
+    def job(cfg) -> None:  # Hydra reports a job's errors its own way: report ours as main() does first
+        guarded("train", lambda: train(configs.typed(cfg), Path(HydraConfig.get().runtime.output_dir)))
+
+    configs.schema.register()
+    main = hydra.main(config_path=str(configs.CONFIG_DIR), config_name="train", version_base="1.3")(job)
+    sys.argv = ["legion train", *configs.hydra_overrides(args)]  # robot=<file.yaml>, LEGION_CONFIG_PATH
+    main()
 
 
 def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: str | Path | None = None):
