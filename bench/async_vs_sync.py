@@ -25,7 +25,7 @@ import os
 import statistics
 import time
 
-from common import ROOT, compose, make_env, make_runner, print_table, torch, write_json
+from common import RESULTS, compose, make_env, make_runner, print_table, torch, write_json
 
 
 def train_once(env, task: str, num_envs: int, mode: str, seed: int, iterations: int, lag: int,
@@ -148,7 +148,7 @@ def main():
     path = write_json("async_vs_sync", rows, seeds=args.seeds, max_policy_lag=args.max_policy_lag,
                       overrides=args.overrides, runs=runs)
     print(f"wrote {path}")
-    png = ROOT / "bench" / "results" / "async_vs_sync.png"
+    png = RESULTS / "async_vs_sync.png"
     if plot(runs, png):
         print(f"wrote {png}")
 

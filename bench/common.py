@@ -8,6 +8,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("WARP_CACHE_PATH", str(ROOT / ".warp_cache"))
+# Where the benchmarks write: results (JSON, plots) into bench/results/ and their own training runs
+# into runs/, or both into LEGION_BENCH_OUT (the tests run each benchmark's smallest configuration
+# into a temporary folder).
+OUT = os.environ.get("LEGION_BENCH_OUT")
+RESULTS = Path(OUT) / "results" if OUT else ROOT / "bench" / "results"
+RUNS = Path(OUT) / "runs" if OUT else ROOT / "runs"
 
 import torch  # noqa: E402
 import warp as wp  # noqa: E402
@@ -30,8 +36,8 @@ def machine() -> str:
 
 
 def write_json(name: str, rows, **meta) -> Path:
-    out = ROOT / "bench" / "results" / f"{name}.json"
-    out.parent.mkdir(exist_ok=True)
+    out = RESULTS / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), **meta, "rows": rows},
                               indent=2))
     return out

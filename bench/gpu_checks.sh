@@ -25,7 +25,7 @@ check() {
 # docs/gpu_checks.md's list, side by side on the GPU (each learning curve is then measured with
 # the GPU shared: compare runs of one call, or rerun one alone on the warm machine for its timing).
 learn=(python bench/learning.py --device cuda:0 --num-envs 4096)  # options before the overrides
-# 1. arm_lift's PPO against the clock (issue 30's GPU goal, >= 90%; `--resume` carries the clock on).
+# 1. arm_lift's PPO against the clock (the GPU goal, >= 90%; `--resume` carries the clock on).
 check arm_lift_ppo 560 "${learn[@]}" --task arm_lift --minutes 6 --eval-every 3 --episodes 100 --success-goal 0.9 &
 # 2. Distillation on CUDA: a Go2 teacher for 2.5 minutes, then a blind student (no base velocity) by DAgger.
 check distillation 560 bash -c "${learn[*]} --task quadruped_flat --minutes 2.5 --eval-every 2.5 robot=go2 && \

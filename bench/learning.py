@@ -46,7 +46,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, compose, make_env, make_runner, print_table, write_json
+from common import RESULTS, RUNS, compose, make_env, make_runner, print_table, write_json
 from legion import evaluation
 from legion.agents import distributed
 from legion.agents.checkpoints import latest_good_checkpoint
@@ -164,7 +164,7 @@ def main():
                                               if o.startswith(("robot=", "sim.backend=")))
     name += f"_{args.mode}" if args.mode in ("bc", "dagger") else ""  # learning_arm_lift_dagger
     name += f"_{args.tag}" if args.tag else ""
-    record = ROOT / "bench" / "results" / f"{name}.json"
+    record = RESULTS / f"{name}.json"
     changes: list[str] = []  # overrides a resumed run trains on with
     if args.resume:
         if not record.is_file():
@@ -195,7 +195,7 @@ def main():
     share = (lambda obj: distributed.broadcast(obj, group)) if group else (lambda obj: obj)  # rank 0's value
     if not previous:
         stamp = time.strftime("%Y-%m-%d_%H-%M-%S") + "_learning" + (f"_{args.tag}" if args.tag else "")
-        run_dir = share(ROOT / "runs" / args.task / stamp if main else None)
+        run_dir = share(RUNS / args.task / stamp if main else None)
         if main:
             run_dir.mkdir(parents=True)
             save_config(cfg, run_dir / "config.yaml")

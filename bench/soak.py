@@ -1,7 +1,7 @@
 """Soak test: continuous asynchronous training for --minutes, its memory sampled every minute.
 
-Starts `legion train agent.mode=async agent.max_iterations=null` with a snapshot every minute,
-reads the training process's resident memory (VmRSS) once a minute, stops it with SIGTERM (as a
+Starts `legion train agent.mode=async agent.max_iterations=null` with a snapshot every minute
+(--sample-s), reads the training process's resident memory (VmRSS) as often, stops it with SIGTERM (as a
 cluster preempting the job would) and loads every snapshot it wrote. Goals: resident memory grows
 by at most 5% from minute --settle on; every snapshot loads; SIGTERM ends the run cleanly.
 
@@ -29,32 +29,37 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="quadruped_flat")
     parser.add_argument("--num-envs", type=int, default=512)
-    parser.add_argument("--minutes", type=int, default=30)
-    parser.add_argument("--settle", type=int, default=5, help="minutes of warm-up excluded from the growth goal")
+    parser.add_argument("--minutes", type=float, default=30)
+    parser.add_argument("--settle", type=float, default=5, help="minutes of warm-up excluded from the growth goal")
+    parser.add_argument("--sample-s", type=float, default=60, help="seconds between samples (and snapshots)")
     args = parser.parse_args()
 
     from legion.agents.checkpoints import checkpoints, load_checkpoint
 
     folder = Path(tempfile.mkdtemp(prefix="legion-soak-"))
     command = [sys.executable, "-m", "legion", "train", f"task={args.task}", f"sim.num_envs={args.num_envs}",
-               "agent.mode=async", "agent.max_iterations=null", "agent.save_every_minutes=1", "agent.keep_last=null",
+               "agent.mode=async", "agent.max_iterations=null", f"agent.save_every_minutes={args.sample_s / 60}",
+               "agent.keep_last=null",
                "agent.save_interval=1000000", "agent.log_interval=10"]
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     log = open(folder / "train.out", "w")
     process = subprocess.Popen(command, cwd=folder, env=environ, stdout=log, stderr=subprocess.STDOUT)
     samples, start = [], time.time()
     try:
-        for minute in range(1, args.minutes + 1):
-            time.sleep(max(0.0, start + 60 * minute - time.time()))
+        for k in range(1, int(args.minutes * 60 / args.sample_s) + 1):
+            time.sleep(max(0.0, start + args.sample_s * k - time.time()))
             if process.poll() is not None:
                 raise RuntimeError(f"training ended early (exit {process.returncode}); see {folder / 'train.out'}")
-            samples.append({"minute": minute, "rss_mb": rss_mb(process.pid)})
-            print(f"minute {minute}: {samples[-1]['rss_mb']:,.0f} MiB", flush=True)
+            samples.append({"minute": round(args.sample_s * k / 60, 2), "rss_mb": rss_mb(process.pid)})
+            print(f"minute {samples[-1]['minute']:g}: {samples[-1]['rss_mb']:,.0f} MiB", flush=True)
     finally:
         process.send_signal(signal.SIGTERM)
         exit_code = process.wait(timeout=300)
         log.close()
-    run = next(folder.glob(f"runs/{args.task}/*"))
+    run = next(folder.glob(f"runs/{args.task}/*"), None)
+    if run is None:
+        raise RuntimeError(f"training had not made its run folder when it was stopped: give it more --minutes; "
+                           f"see {folder / 'train.out'}")
     snapshots = checkpoints(run)
     loaded = sum(1 for path in snapshots if load_checkpoint(path))
     settled = [s["rss_mb"] for s in samples if s["minute"] >= args.settle]

@@ -100,7 +100,7 @@ def randomization_cost(num_envs: int, steps: int, device: str, task: str = "quad
                        overrides=()) -> dict:
     base = (f"task={task}", f"sim.num_envs={num_envs}", f"device={device}", *overrides)
     events = compose(*base).task.events
-    physics = [n for n, e in events.items() if e.get("mode") == "startup"]
+    physics = [n for n, e in events.items() if e.mode == "startup"]
     every = [f"++task.events.{n}.enabled=true" for n in events]
     variants = {
         "off": [f"++task.events.{n}.enabled=false" for n in events],

@@ -1,0 +1,70 @@
+"""The benchmarks are part of the product: each one's smallest configuration runs to its table and
+its JSON, so a benchmark that no longer runs (a renamed function, a config read the old way)
+fails here, not on the day someone needs its figures."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, export_untrained_run
+
+TINY_GO2 = ("task=quadruped_flat", "robot=go2")
+
+# Each benchmark's smallest configuration, seconds each, and the JSON file it writes.
+SMALLEST = {
+    "throughput": (["--num-envs", "8", "--steps", "5"], "throughput.json"),
+    "backends": (["--num-envs", "8", "--steps", "5", "--chunk", "2", "--robots", "quadruped"], "backends.json"),
+    "robots": (["--num-envs", "8", "--steps", "5", "--robots", "go2"], "robots.json"),
+    "update": (["--task", "cartpole", "--num-envs", "64", "--repeats", "1", "--threads", "1", "2", "--modes",
+                "AUTO,STRICT"], "update.json"),
+    "async_vs_sync": (["--tasks", "cartpole", "--num-envs", "32", "--iterations", "2", "--seeds", "0"],
+                      "async_vs_sync.json"),
+    "overlap": (["--tasks", "cartpole", "--num-envs", "32", "--seconds", "0.5", "--repeats", "1"], "overlap.json"),
+    "solver_settings": (["--settings", "10/10/1e-6", "4/4/1e-6", "--num-envs", "8", "--steps", "5", "--train", "0",
+                         "--train-envs", "8", "--train-iterations", "1"], "solver_settings.json"),
+    "learning": (["--task", "quadruped_flat", "--mode", "sync", "--num-envs", "16", "--minutes", "0.05",
+                  "--eval-every", "0.05", "--envs-per-command", "1", "--eval-seconds", "1.2",
+                  "agent.num_steps_per_env=4"], "learning_quadruped_flat.json"),
+    "scaling": (["--tasks", "cartpole", "--procs", "1", "--num-envs", "16", "--iterations", "3"], "scaling.json"),
+    "soak": (["--task", "cartpole", "--num-envs", "16", "--minutes", "0.35", "--sample-s", "10.5", "--settle", "0"],
+             "soak.json"),
+    "training_video": (["--task", "cartpole", "--num-envs", "8", "--iterations", "1", "--videos", "1",
+                        "agent.video.max_seconds=0.2", "agent.num_steps_per_env=4"], "training_video.json"),
+    "policy_latency": (["--calls", "50"], "policy_latency.json"),
+    "deploy_dds": (None, "deploy_dds_go2.json"),  # its run: an untrained Go2 policy, exported (below)
+}
+
+
+def test_every_benchmark_has_a_smallest_configuration_here():
+    scripts = {p.stem for p in (ROOT / "bench").glob("*.py")} - {"common"}
+    assert scripts == set(SMALLEST), "a benchmark without a smallest configuration in this test, or one gone"
+
+
+@pytest.mark.parametrize("name", SMALLEST)
+def test_the_benchmark_runs_its_smallest_configuration(name, tmp_path):
+    args, written = SMALLEST[name]
+    if name == "deploy_dds":
+        pytest.importorskip("cyclonedds")
+        (tmp_path / "run").mkdir()
+        made = export_untrained_run(tmp_path / "run", *TINY_GO2)
+        args = ["--run", str(made["out"]), "--seconds", "0.3", "--commands", "[[0.5, 0, 0]]"]
+    environ = {**os.environ, "LEGION_BENCH_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), *args], cwd=tmp_path, env=environ,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "|---" in result.stdout, result.stdout[-2000:]  # its table
+    report = json.loads((tmp_path / "results" / written).read_text())
+    assert report["machine"] and report["rows"]
+
+
+def test_the_shell_scripts_parse_and_the_fresh_machine_check_finds_the_readmes_test_command():
+    for script in (ROOT / "bench").glob("*.sh"):
+        result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, f"{script.name}: {result.stderr}"
+    # bench/fresh_machine.sh runs the command between the backticks of this README line
+    line = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("Run the tests:"))
+    assert line.count("`") == 2 and line.split("`")[1].startswith("python3 -m venv .venv")
+    assert line.split("`")[1].endswith("python -m pytest")
