@@ -40,8 +40,8 @@ def setup_process() -> None:
     import warp as wp
 
     if os.environ.get("OMP_NUM_THREADS") is None:
-        # One Warp CPU thread simulates; leave torch the rest (PLATFORM.md: oversubscribing 2
-        # cores made torch 10-50x slower).
+        # One Warp CPU thread simulates; leave torch the rest (measured on 2 cores: oversubscribing
+        # them made torch 10-50x slower).
         torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
     wp.config.log_level = wp.LOG_WARNING  # no per-module load lines
     if os.environ.get("WARP_CACHE_PATH"):

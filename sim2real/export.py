@@ -231,7 +231,7 @@ def to_onnx(actor, metadata: PolicyContract | None = None):
     buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
-        # dynamo=False: the TorchScript exporter (PLATFORM.md: ~15x faster, needs no onnxscript).
+        # dynamo=False: the TorchScript exporter (~15x faster to export than dynamo's, needs no onnxscript).
         # A file-like object is documented for f; torch 2.13's annotation names paths only.
         torch.onnx.export(module, module.get_dummy_inputs(), buffer, opset_version=OPSET,  # pyright: ignore[reportArgumentType]
                           input_names=inputs, output_names=outputs, dynamic_axes=dynamic_axes, dynamo=False)

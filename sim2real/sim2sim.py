@@ -137,7 +137,7 @@ class Perturbation:
     push_mps: float = 0.0  # a horizontal base velocity kick [m/s] every PUSH_EVERY_S, random direction
 
 
-# legged_gym's observation noise (uniform half-widths; DESIGN.md), applied to what the robot reports.
+# legged_gym's observation noise (uniform half-widths), applied to what the robot reports.
 SENSOR_NOISE = {"joint_pos": 0.01, "joint_vel": 1.5, "base_lin_vel": 0.1, "base_ang_vel": 0.2}
 PUSH_EVERY_S = 3.0
 ROBUSTNESS = [

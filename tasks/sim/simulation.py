@@ -65,7 +65,7 @@ class NewtonSim:
             (MuJoCo's C library on every CPU core; CPU only) or ``"auto"`` (``c`` on a CPU).
         threads: the C backend's physics threads (0: one per core).
         contact_gap: collision detection gap [m]; Newton's 0.1 m default made ~30x more contacts
-            than needed (PLATFORM.md).
+            than needed (~96 per quadruped instead of ~3).
         use_graph: capture the decimated step as one Warp graph (CPU and CUDA; the C backend's
             step is host code, never captured).
 
