@@ -142,6 +142,23 @@ def legion_in_process(*args: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+def build_wheel(folder: Path) -> Path:
+    """legion-rl's wheel, built from a copy of the checkout (setuptools writes build/ and *.egg-info
+    into the tree it builds) into ``folder``."""
+    import shutil
+    import subprocess
+    import sys
+
+    source = folder / "source"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".warp_cache", "runs", "build", "*.egg-info", "__pycache__"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(folder), str(source)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = folder.glob("legion_rl-*.whl")
+    return wheel
+
+
 def make_env(*overrides: str):
     return api.make_env(compose(*overrides))
 

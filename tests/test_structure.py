@@ -4,13 +4,11 @@ sim2real, viewer, evaluation -> commands -> cli), and only the command layer set
 
 import ast
 import os
-import shutil
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, build_wheel
 
 PACKAGE = ROOT / "legion"
 
@@ -118,14 +116,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_every_package_folder_is_in_the_wheel(tmp_path):
     """A folder of modules without __init__.py (or a package the configured find misses) works in a
     checkout and would be silently absent from the wheel: build the wheel and compare."""
-    source = tmp_path / "source"  # a copy: setuptools writes build/ and *.egg-info into the tree it builds
-    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", ".warp_cache", "runs", "build", "*.egg-info", "__pycache__"))
-    wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(tmp_path), str(source)], capture_output=True, text=True, timeout=300)
-    assert wheel.returncode == 0, wheel.stderr[-3000:]
-    (built,) = tmp_path.glob("legion_rl-*.whl")
-    shipped = set(zipfile.ZipFile(built).namelist())
+    shipped = set(zipfile.ZipFile(build_wheel(tmp_path)).namelist())
     on_disk = {str(p.relative_to(PACKAGE.parent)) for p in package_files()}
     assert "legion/tasks/env.py" in on_disk
     assert on_disk - shipped == set(), "in the checkout but not in the wheel (a folder without __init__.py?)"

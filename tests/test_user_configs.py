@@ -2,7 +2,6 @@
 whole way from a URDF to an exported policy with legion-rl installed from its wheel (no checkout)."""
 
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_robots import needs_robots
 
-from conftest import ROOT, compose
+from conftest import build_wheel, compose
 from legion import configs
 from legion.configs import ConfigError
 from legion.tasks.sim.scene import resolve_asset
@@ -84,13 +83,7 @@ def test_a_robot_of_your_own_from_urdf_to_exported_policy_with_the_wheel_install
     """As a user of `pip install legion-rl` has it: no checkout, no configs/ to copy into. inspect
     writes the robot YAML outside the package; train takes its path; play, eval and export of the
     run need nothing but the run folder."""
-    source = tmp_path / "source"  # a copy: setuptools writes build/ and *.egg-info into the tree it builds
-    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", ".warp_cache", "runs", "build", "*.egg-info", "__pycache__"))
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(tmp_path), str(source)], capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr[-3000:]
-    (wheel,) = tmp_path.glob("legion_rl-*.whl")
+    wheel = build_wheel(tmp_path)
     # A venv of its own holding the wheel; the dependencies from this interpreter's site-packages,
     # added by a .pth after the install (as a plain path: its .pth files, legion's editable finder
     # among them, stay unread, so `legion` is the wheel's)
