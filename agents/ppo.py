@@ -57,6 +57,76 @@ def _build_critic(obs: TensorDict, cfg: Agent) -> MLPModel:
     return _build_model(obs, "critic", 1, cfg.critic)
 
 
+class BFloat16Linear(torch.nn.Linear):
+    """``nn.Linear`` whose products run in bfloat16 under autocast (PPO's ``use_mixed_precision``)
+    with results that do not depend on the thread count; outside autocast, ``nn.Linear``.
+
+    Plain autocast leaves the weight gradient (a sum over the mini-batch) to oneDNN, which on a
+    CPU with AMX splits a long sum over threads, so that the weights after an update on 2 threads
+    are not those of 1 thread. Here that sum is cut into fixed chunks of the batch
+    (``WEIGHT_GRAD_CHUNK`` rows), each a product too short to be split (checked on 1-16 threads:
+    ``bench/update.py``), and the chunks are added in fp32 in a fixed order. Parameters, state
+    dict and export are ``nn.Linear``'s.
+    """
+
+    WEIGHT_GRAD_CHUNK = 512
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dim() != 2 or not torch.is_autocast_enabled(input.device.type):
+            return super().forward(input)
+        with torch.autocast(input.device.type, enabled=False):
+            return _BFloat16LinearFunction.apply(input, self.weight, self.bias)
+
+
+class _BFloat16LinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        x16, weight16 = x.to(torch.bfloat16), weight.to(torch.bfloat16)
+        ctx.save_for_backward(x16, weight16)
+        ctx.x_dtype = x.dtype
+        return torch.nn.functional.linear(x16, weight16, bias.to(torch.bfloat16))
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        x16, weight16 = ctx.saved_tensors
+        grad = grads[0]
+        grad16 = grad.to(torch.bfloat16)
+        rows, chunk = grad.shape[0], BFloat16Linear.WEIGHT_GRAD_CHUNK
+        full = rows // chunk * chunk
+        grad_weight = torch.bmm(grad16[:full].view(-1, chunk, grad.shape[1]).transpose(1, 2),
+                                x16[:full].view(-1, chunk, x16.shape[1])).sum(0, dtype=torch.float32)
+        if full < rows:
+            grad_weight += (grad16[full:].t() @ x16[full:]).float()
+        return (grad16 @ weight16).to(ctx.x_dtype), grad_weight, grad16.sum(0).float()
+
+
+def _bfloat16_linears(model: torch.nn.Module) -> None:
+    """Makes every ``nn.Linear`` of ``model`` a :class:`BFloat16Linear` (same parameters)."""
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:
+            module.__class__ = BFloat16Linear
+
+
+def update_precision(cfg: Agent, device: str) -> str:
+    """``agent.precision`` resolved for ``device``: "bf16" or "fp32".
+
+    auto: bf16 on a CPU with AMX, whose bfloat16 tile products make PPO's update 2-3x faster
+    (``bench/update.py``); fp32 elsewhere: on a CPU without AMX bfloat16 products are no faster
+    (AVX512-BF16) or several times slower (AVX2, AVX-512 without BF16), and on a GPU these
+    networks are too small for it to pay. Recurrent networks stay fp32 (their products are not
+    :class:`BFloat16Linear`'s)."""
+    recurrent = cfg.actor.rnn.type is not None or cfg.critic.rnn.type is not None
+    if cfg.precision == "auto":
+        amx = torch.device(device).type == "cpu" and torch.cpu._is_amx_tile_supported()
+        return "bf16" if amx and not recurrent else "fp32"
+    if cfg.precision not in ("bf16", "fp32"):
+        raise ValueError(f"agent.precision={cfg.precision!r}: expected auto, bf16 or fp32")
+    if cfg.precision == "bf16" and recurrent:
+        raise ValueError("agent.precision=bf16 needs a feed-forward actor and critic (agent.actor.rnn.type and "
+                         "agent.critic.rnn.type null); use agent.precision=fp32 or auto with a recurrent network")
+    return cfg.precision
+
+
 def load_actor(obs: TensorDict, num_actions: int, cfg: Agent, policy: dict, device: str) -> MLPModel:
     """A trained actor alone, with its observation normalizer, from a checkpoint's ``policy``
     (:func:`policy_state`), sized from ``obs`` (its ``policy`` group), in evaluation mode."""
@@ -88,8 +158,12 @@ def build_ppo(env: VecEnv, cfg: Agent, device: str, storage: RolloutStorage | No
         symmetry_cfg = {"env": env, "data_augmentation_func": env.mirror.augment,  # pyright: ignore[reportAttributeAccessIssue]
                         "use_data_augmentation": symmetry.augmentation, "use_mirror_loss": symmetry.mirror_loss,
                         "mirror_loss_coeff": symmetry.mirror_loss_coeff}
+    bfloat16 = update_precision(cfg, device) == "bf16"
+    if bfloat16:
+        _bfloat16_linears(actor)
+        _bfloat16_linears(critic)
     ppo = PPO(actor, critic, storage, device=device, multi_gpu_cfg=group.ppo_cfg if group else None,
-              symmetry_cfg=symmetry_cfg, **asdict(cfg.algorithm))
+              symmetry_cfg=symmetry_cfg, use_mixed_precision=bfloat16, **asdict(cfg.algorithm))
     if group is not None:
         ppo.broadcast_parameters()
     return ppo

@@ -17,6 +17,7 @@ The run itself (config, checkpoints, TensorBoard) goes to runs/<task>/<date>_lea
 
     python bench/learning.py --task quadruped_flat --mode async --minutes 90 --eval-every 10 --num-envs 1024
     python bench/learning.py --task arm_reach --minutes 30 --eval-every 5
+    python bench/learning.py --mode sync --minutes 12 --eval-every 0.7 --stop-at-goal --tag seed0 seed=0  # to walk
     python bench/learning.py --task biped_flat --minutes 2 --eval-every 1 sim.num_envs=256   # a quick check
     python bench/learning.py --task quadruped_flat --minutes 45 --eval-every 9 robot=go2   # learning_quadruped_flat_go2
     python bench/learning.py --task quadruped_flat --minutes 45 --tag lstm robot=go2 agent.actor.rnn.type=lstm   # _lstm
@@ -146,6 +147,9 @@ def main():
                              "with its own config (--mode, --num-envs, --device do not apply)")
     parser.add_argument("--nproc", type=int, default=1,
                         help="train as this many torchrun ranks on this machine (--num-envs per rank)")
+    parser.add_argument("--stop-at-goal", action="store_true",
+                        help="stop once the goal is met at two evaluations in a row; the time to goal is the "
+                             "first of the two")
     parser.add_argument("--tag", default="",
                         help="a suffix for the record's and the run's names, so that runs of one task and robot "
                              "that differ otherwise (e.g. --tag lstm) keep records of their own")
@@ -271,17 +275,21 @@ def main():
         if train_s >= target - per_iteration / 2:
             evaluate()
             next_eval += every
+            if args.stop_at_goal and len(rows) >= 2 and rows[-1]["goal"] and rows[-2]["goal"]:
+                break
     share(0)  # the other ranks stop
     if rows[-1]["iteration"] != runner.iteration:
         evaluate()
 
-    met = next((r for r in rows if r["goal"]), None)
+    confirmed = [a for a, b in zip(rows, rows[1:]) if a["goal"] and b["goal"]]  # met at two in a row
+    met = (confirmed[0] if confirmed else None) if args.stop_at_goal else next((r for r in rows if r["goal"]), None)
     goal = ({"success_rate_at_least": args.success_goal} if "success_rate" in rows[0] else
             {"forward_error_below": WALK_ERROR, "falls_below": WALK_FALLS})
     result = {"task": args.task, "robot": cfg.task.scene.robot.file, "mode": cfg.agent.mode,
               "num_envs": cfg.sim.num_envs, "ranks": args.nproc,
               "device": cfg.device, "budget_min": budget / 60, "eval": options.__dict__, "run": str(run_dir),
-              "goal": goal, "time_to_goal_min": met["train_min"] if met else None,
+              "goal": goal, "goal_confirmed_by_next_evaluation": args.stop_at_goal,
+              "time_to_goal_min": met["train_min"] if met else None, "seed": cfg.seed,
               "resumed_with": resumed_with,
               "env_steps_to_goal_M": met["env_steps_M"] if met else None}
     print_table(rows)

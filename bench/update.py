@@ -1,12 +1,17 @@
-"""PPO's update on a CPU: samples/s at each thread count, under each of MKL's numerical modes and
-torch's CPU dispatches, and whether the weights come out the same on every thread count.
+"""PPO's update on a CPU: samples/s at each thread count, in each precision of the update's products
+(``agent.precision``), under each of MKL's numerical modes and torch's CPU dispatches, and whether
+the weights come out the same on every thread count.
 
 legion-rl sets ``MKL_CBWR=AUTO,STRICT`` (MKL's conditional numerical reproducibility, strict: a
 matrix product's result does not depend on the thread count) so that an update on every core
 gives the weights of one thread bit for bit. This measures what that costs against MKL's default
 (``MKL_CBWR=OFF``), and which settings keep the weights identical across thread counts.
 
-Each (MKL mode, dispatch) runs in a process of its own (MKL reads ``MKL_CBWR`` at its first
+``agent.precision=bf16`` (bfloat16 products; the default on a CPU with AMX) against ``fp32``: how much
+faster, and that it keeps the weights independent of the thread count. ``ONEDNN_MAX_CPU_ISA`` in
+the environment (e.g. ``AVX512_CORE_BF16``, ``AVX2``) shows what bf16 would cost on a CPU without AMX.
+
+Each (precision, MKL mode, dispatch) runs in a process of its own (MKL reads ``MKL_CBWR`` at its first
 call): it collects one rollout of the task, then runs the update from that same state (weights,
 optimizer, random generator) ``--repeats`` times per thread count and reports the median time.
 "same weights" compares the weights after one update on each thread count with those of the
@@ -14,6 +19,7 @@ first thread count, bit for bit.
 
     python bench/update.py [--task quadruped_flat] [--num-envs 1024] [--threads 1 2] [--repeats 5]
     python bench/update.py --modes OFF AUTO,STRICT --dispatches default avx2 avx512
+    python bench/update.py --precisions fp32 bf16 --modes AUTO,STRICT --threads 1 2 4 8
 """
 
 import argparse
@@ -52,6 +58,7 @@ def worker(task: str, num_envs: int, threads: list[int], repeats: int, overrides
     first = weights[threads[0]]
     return {"capability": torch.backends.cpu.get_cpu_capability(),
             "samples": cfg.agent.num_steps_per_env * num_envs,  # a rollout, as the progress line counts
+            "epochs": cfg.agent.algorithm.num_learning_epochs,
             "seconds": seconds,
             "same": {c: all(torch.equal(a, b) for a, b in zip(first, weights[c])) for c in threads}}
 
@@ -62,7 +69,8 @@ def main():
     parser.add_argument("--num-envs", type=int, default=1024)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, len(os.sched_getaffinity(0))])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--modes", nargs="+", default=["OFF", "AUTO,STRICT"],
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], help="values of agent.precision")
+    parser.add_argument("--modes", nargs="+", default=["AUTO,STRICT"],
                         help="values of MKL_CBWR (OFF: MKL's default; AUTO,STRICT: legion-rl's)")
     parser.add_argument("--dispatches", nargs="+", default=[""],
                         help="values of ATEN_CPU_CAPABILITY (default, avx2, avx512; empty: torch's choice)")
@@ -76,25 +84,26 @@ def main():
     from common import print_table, write_json
 
     rows, baseline = [], {}
-    for dispatch in args.dispatches:
-        for mode in args.modes:
-            env = {**os.environ, "MKL_CBWR": mode, "OMP_NUM_THREADS": str(max(args.threads))}
-            env.pop("ATEN_CPU_CAPABILITY", None)
-            if dispatch:
-                env["ATEN_CPU_CAPABILITY"] = dispatch
-            out = subprocess.run([sys.executable, __file__, "--worker", "--task", args.task, "--num-envs",
-                                  str(args.num_envs), "--threads", *map(str, args.threads), "--repeats",
-                                  str(args.repeats), *args.overrides], env=env, capture_output=True, text=True,
-                                 check=True).stdout
-            result = json.loads(out.strip().splitlines()[-1])
-            for count in args.threads:
-                s = result["seconds"][str(count)]
-                key = (result["capability"], count)
-                baseline.setdefault(key, s)  # the first mode is the reference
-                rows.append({"MKL_CBWR": mode, "dispatch": result["capability"], "threads": count,
-                             "update s": s, "samples/s": result["samples"] / s,
-                             "time vs first mode": s / baseline[key],
-                             f"same weights as {args.threads[0]} thread(s)": result["same"][str(count)]})
+    runs = [(p, d, m) for p in args.precisions for d in args.dispatches for m in args.modes]
+    for precision, dispatch, mode in runs:
+        env = {**os.environ, "MKL_CBWR": mode, "OMP_NUM_THREADS": str(max(args.threads))}
+        env.pop("ATEN_CPU_CAPABILITY", None)
+        if dispatch:
+            env["ATEN_CPU_CAPABILITY"] = dispatch
+        out = subprocess.run([sys.executable, __file__, "--worker", "--task", args.task, "--num-envs",
+                              str(args.num_envs), "--threads", *map(str, args.threads), "--repeats",
+                              str(args.repeats), f"agent.precision={precision}", *args.overrides],
+                             env=env, capture_output=True, text=True, check=True).stdout
+        result = json.loads(out.strip().splitlines()[-1])
+        for count in args.threads:
+            s = result["seconds"][str(count)]
+            key = (result["capability"], count)
+            baseline.setdefault(key, s)  # the first (precision, mode) is the reference
+            rows.append({"precision": precision, "MKL_CBWR": mode, "dispatch": result["capability"],
+                         "threads": count, "update s": s, "samples/s": result["samples"] / s,
+                         "gradient-samples/s": result["samples"] * result["epochs"] / s,
+                         "speed vs first": baseline[key] / s,
+                         f"same weights as {args.threads[0]} thread(s)": result["same"][str(count)]})
     print_table(rows)
     print(f"wrote {write_json('update', rows, task=args.task, num_envs=args.num_envs, repeats=args.repeats)}")
 

@@ -426,6 +426,10 @@ class Agent:
     # process may use over the ranks torchrun started on this machine. The env steps with the
     # process's torch threads, one fewer than the cores (a core simulates).
     update_threads: int = 0
+    # The update's matrix products: fp32 | bf16 (bfloat16 products, fp32 weights, optimizer and
+    # losses; independent of the thread count) | auto: bf16 on a CPU with AMX (Intel Xeon 4th gen
+    # and later: 2-3x faster updates), fp32 elsewhere (agents/ppo.py: update_precision).
+    precision: str = "auto"
     save_interval: int = 50  # checkpoint every N iterations (and at the end)
     save_every_minutes: Optional[float] = 10.0  # ... and every N minutes (null: off)
     keep_last: Optional[int] = 10  # checkpoints kept: the newest N (null: all) ...
@@ -465,10 +469,24 @@ class Train:
 
 
 def register() -> None:
-    """Stores the root schema in Hydra's ConfigStore as ``legion_train`` (idempotent)."""
+    """Stores the root schema in Hydra's ConfigStore as ``legion_train``, and registers the
+    ``on_device`` resolver (idempotent)."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     ConfigStore.instance().store(name="legion_train", node=Train)
+    OmegaConf.register_new_resolver("on_device", on_device, replace=True)
+
+
+def on_device(choices, *, _root_):
+    """``${on_device:{cpu: 1024, cuda: 4096}}``: the value for the run's ``device`` (cpu, or cuda
+    for cuda:N). A task sizes itself for the machine with it (envs, iterations); a value given on
+    the command line replaces it."""
+    kind = str(_root_.device).split(":")[0]
+    if kind not in choices:
+        raise ValueError(f"device={_root_.device}: this value is given for {', '.join(choices)} only "
+                         f"(on_device: {dict(choices)}); set the key on the command line")
+    return choices[kind]
 
 
 class SchemaError(ValueError):

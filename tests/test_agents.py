@@ -1,4 +1,5 @@
-"""PPO on rsl-rl's core: it learns cart-pole, and checkpoints restore everything exactly, on any device."""
+"""PPO on rsl-rl's core: it learns cart-pole, its update's precision, and checkpoints restore everything
+exactly, on any device."""
 
 import re
 import time
@@ -15,6 +16,7 @@ from legion.agents.checkpoints import (
     prune,
     save_checkpoint,
 )
+from legion.agents.ppo import BFloat16Linear, clone_tree, load_policy_state, policy_state, update_precision
 from legion.agents.runner import TrainingDiverged
 
 SMALL = ("task=cartpole", "sim.num_envs=64", "agent.num_steps_per_env=8")
@@ -29,6 +31,89 @@ def test_ppo_triples_cartpole_episode_length_within_30_iterations(seed, learned)
     runner.learn(30)
     print(f"episode length {start_length:.1f} -> {runner.mean_episode_length:.1f} after {runner.iteration} iterations")
     learned(length_ratio=(runner.mean_episode_length / start_length, 3.0))
+
+
+@pytest.mark.bit_exact
+def test_bfloat16_products_give_gradients_close_to_fp32_and_the_same_on_any_thread_count():
+    """agent.precision=bf16: the weight gradient, a sum over the batch, comes out bit for bit the
+    same on 1 to 8 threads (oneDNN on an AMX CPU splits a long sum over threads: not here), also
+    for a batch that is no multiple of the chunk; and within bfloat16's rounding of fp32's."""
+    def network():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(48, 256), torch.nn.ELU(), torch.nn.Linear(256, 128),
+                                   torch.nn.ELU(), torch.nn.Linear(128, 12))
+
+    x = torch.randn(5 * BFloat16Linear.WEIGHT_GRAD_CHUNK + 100, 48)
+    target = torch.randn(x.shape[0], 12)
+
+    def gradients(net, bfloat16: bool, threads: int) -> list[torch.Tensor]:
+        torch.set_num_threads(threads)
+        net.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bfloat16):
+            out = net(x)
+        (out.float() - target).pow(2).mean().backward()
+        return [p.grad.clone() for p in net.parameters()]
+
+    fp32 = network()
+    bf16 = network()
+    for module in bf16.modules():
+        if type(module) is torch.nn.Linear:
+            module.__class__ = BFloat16Linear
+    before = torch.get_num_threads()
+    try:
+        reference = gradients(fp32, False, 1)
+        one = gradients(bf16, True, 1)
+        for threads in (2, 4, 8):
+            assert all(torch.equal(a, b) for a, b in zip(one, gradients(bf16, True, threads))), f"{threads} threads"
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(one, reference):
+        assert a.dtype == torch.float32 and (a - b).norm() < 0.02 * b.norm()
+    with torch.no_grad():  # outside autocast: nn.Linear itself
+        assert torch.equal(bf16(x), fp32(x))
+
+
+def test_the_update_precision_is_bf16_only_where_it_pays_and_wrong_ones_are_refused_by_name(monkeypatch):
+    def agent(*overrides):
+        return compose(*SMALL, *overrides).agent
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert update_precision(agent(), "cpu") == "bf16"
+    assert update_precision(agent(), "cuda:0") == "fp32"
+    assert update_precision(agent("agent.actor.rnn.type=lstm"), "cpu") == "fp32"
+    assert update_precision(agent("agent.precision=fp32"), "cpu") == "fp32"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert update_precision(agent(), "cpu") == "fp32"
+    assert update_precision(agent("agent.precision=bf16"), "cpu") == "bf16"
+    with pytest.raises(ValueError, match=r"agent.precision='fp16': expected auto, bf16 or fp32"):
+        update_precision(agent("agent.precision=fp16"), "cpu")
+    with pytest.raises(ValueError, match=r"agent.precision=bf16 needs a feed-forward actor and critic"):
+        update_precision(agent("agent.precision=bf16", "agent.critic.rnn.type=gru"), "cpu")
+
+
+def test_a_bf16_update_moves_the_weights_as_fp32_does_and_its_checkpoint_is_fp32():
+    """One rollout, the update from the same state (weights, optimizer, random generator) in each
+    precision: the weights' change agrees within bfloat16's rounding, and the checkpoint holds fp32
+    weights that load into an fp32 learner."""
+    runner = make_runner(*SMALL, "agent.precision=bf16", "agent.algorithm.schedule=fixed")
+    runner.learn(1)
+    ppo = runner.ppo
+    start, rng = clone_tree(policy_state(ppo)), torch.get_rng_state()
+    steps = {}
+    for bfloat16 in (False, True):
+        load_policy_state(ppo, clone_tree(start))
+        torch.set_rng_state(rng)
+        ppo.use_mixed_precision = bfloat16
+        ppo.update()
+        steps[bfloat16] = torch.cat([(p - start["actor_state_dict"][k]).flatten()
+                                     for k, p in ppo.actor.state_dict().items() if k.startswith("mlp")])
+    assert steps[False].norm() > 0
+    assert (steps[True] - steps[False]).norm() < 0.1 * steps[False].norm()
+    state = ppo.save()["actor_state_dict"]
+    assert all(t.dtype == torch.float32 for t in state.values() if t.is_floating_point())
+    fp32 = make_runner(*SMALL, "agent.precision=fp32")
+    fp32.ppo.actor.load_state_dict(state)
+    assert type(fp32.ppo.actor.mlp[0]) is torch.nn.Linear
 
 
 def test_the_progress_line_shows_how_often_the_solver_hit_a_limit(capsys):

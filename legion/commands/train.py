@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from legion.agents.ppo import update_precision
 from legion.api import RunError, make_env, make_runner, seed_everything, setup_process, validate
 from legion.commands import UsageError, guarded, run_args
 from legion.configs import save_config, schema
@@ -101,9 +102,12 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
             path, contents = distributed.broadcast((path, contents), group)
         setup_process()
         ranks = f" x {group.world_size} ranks ({group.backend})" if group else ""
-        learner = f"{cfg.agent.mode} PPO" if cfg.agent.mode in ("sync", "async") else cfg.agent.mode
-        say(f"[legion] task {cfg.task.name}, {cfg.sim.num_envs} envs{ranks} on {cfg.device}, {learner}; "
-            f"run folder {run_dir}", flush=True)
+        learner = cfg.agent.mode
+        if cfg.agent.mode in ("sync", "async"):
+            learner = f"{cfg.agent.mode} PPO (update in {update_precision(cfg.agent, cfg.device)})"
+        iterations = "until stopped" if cfg.agent.max_iterations is None else f"{cfg.agent.max_iterations} iterations"
+        say(f"[legion] task {cfg.task.name}, {cfg.sim.num_envs} envs{ranks} on {cfg.device}, {iterations}, "
+            f"{learner}; run folder {run_dir}", flush=True)
         seed_everything(cfg.seed)
         say("[legion] building the simulation (the first run compiles Warp kernels: about a minute)", flush=True)
         # Hydra creates a new run's folder before the job starts: empty (or absent) means new.
