@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, compose, legion_in_process
+from legion.agents.ppo import update_precision
 from legion.configs import ConfigError, load_run_config, save_config
 
 LEGION = [sys.executable, "-m", "legion"]
@@ -88,6 +89,16 @@ def test_a_misspelt_key_in_a_run_config_is_named_and_can_be_removed(tmp_path):
     assert fixed.sim.num_envs == 8 and fixed.task.rewards["extra"].weight == 0.5
     with pytest.raises(ConfigError, match="a run keeps the task"):
         load_run_config(tmp_path, ["task=quadruped_flat"])
+
+
+def test_a_task_sizes_itself_for_the_device_unless_the_command_line_says_otherwise():
+    cpu, cuda = compose("task=quadruped_flat"), compose("task=quadruped_flat", "device=cuda:0")
+    assert (cpu.sim.num_envs, cpu.agent.max_iterations) == (1024, 300)
+    assert (cuda.sim.num_envs, cuda.agent.max_iterations) == (4096, 1500)
+    given = compose("task=quadruped_flat", "sim.num_envs=64", "agent.max_iterations=7")
+    assert (given.sim.num_envs, given.agent.max_iterations) == (64, 7)
+    with pytest.raises(ConfigError, match=r"sim.num_envs: .*device=mps: this value is given for cpu, cuda only"):
+        compose("task=quadruped_flat", "device=mps")
 
 
 def test_bad_arguments_fail_first_with_exit_code_2(tmp_path, monkeypatch):
@@ -203,6 +214,8 @@ def test_multirun_then_play(tmp_path):
         assert (run / "model_2.pt").is_file()
         assert f"seed: {seed}" in (run / "config.yaml").read_text()
     assert "[it 2/2]" in result.stdout and "steps/s" in result.stdout and "ETA" in result.stdout
+    precision = update_precision(compose("task=cartpole").agent, "cpu")  # what it chose, in its first lines
+    assert f"32 envs on cpu, 2 iterations, sync PPO (update in {precision})" in result.stdout
 
     played = legion("play", f"run={runs[0]}", "episodes=3", "sim.num_envs=4", cwd=tmp_path)
     assert played.returncode == 0, played.stderr[-3000:]
