@@ -64,9 +64,10 @@ class BFloat16Linear(torch.nn.Linear):
     Plain autocast leaves the weight gradient (a sum over the mini-batch) to oneDNN, which on a
     CPU with AMX splits a long sum over threads, so that the weights after an update on 2 threads
     are not those of 1 thread. Here that sum is cut into fixed chunks of the batch
-    (``WEIGHT_GRAD_CHUNK`` rows), each a product too short to be split (checked on 1-16 threads:
-    ``bench/update.py``), and the chunks are added in fp32 in a fixed order. Parameters, state
-    dict and export are ``nn.Linear``'s.
+    (``WEIGHT_GRAD_CHUNK`` rows), each a bfloat16 product too short to be split (checked on 1-16
+    threads: ``bench/update.py``), and the chunks' products are added in fp32 in a fixed order; the
+    bias gradient is a plain column sum (accumulated in fp32, rounded to bfloat16). Parameters,
+    state dict and export are ``nn.Linear``'s.
     """
 
     WEIGHT_GRAD_CHUNK = 512
@@ -110,14 +111,14 @@ def _bfloat16_linears(model: torch.nn.Module) -> None:
 def update_precision(cfg: Agent, device: str) -> str:
     """``agent.precision`` resolved for ``device``: "bf16" or "fp32".
 
-    auto: bf16 on a CPU with AMX, whose bfloat16 tile products make PPO's update 2-3x faster
+    auto: bf16 on a CPU with AMX, whose bfloat16 tile products make PPO's update about 2x faster
     (``bench/update.py``); fp32 elsewhere: on a CPU without AMX bfloat16 products are no faster
     (AVX512-BF16) or several times slower (AVX2, AVX-512 without BF16), and on a GPU these
     networks are too small for it to pay. Recurrent networks stay fp32 (their products are not
     :class:`BFloat16Linear`'s)."""
     recurrent = cfg.actor.rnn.type is not None or cfg.critic.rnn.type is not None
     if cfg.precision == "auto":
-        amx = torch.device(device).type == "cpu" and torch.cpu._is_amx_tile_supported()
+        amx = torch.device(device).type == "cpu" and getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
         return "bf16" if amx and not recurrent else "fp32"
     if cfg.precision not in ("bf16", "fp32"):
         raise ValueError(f"agent.precision={cfg.precision!r}: expected auto, bf16 or fp32")
