@@ -428,7 +428,7 @@ class Agent:
     update_threads: int = 0
     # The update's matrix products: fp32 | bf16 (bfloat16 products, fp32 weights, optimizer and
     # losses; independent of the thread count) | auto: bf16 on a CPU with AMX (Intel Xeon 4th gen
-    # and later: 2-3x faster updates), fp32 elsewhere (agents/ppo.py: update_precision).
+    # and later: about 2x faster updates), fp32 elsewhere (agents/ppo.py: update_precision).
     precision: str = "auto"
     save_interval: int = 50  # checkpoint every N iterations (and at the end)
     save_every_minutes: Optional[float] = 10.0  # ... and every N minutes (null: off)
