@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import struct
 import threading
 import time
@@ -79,7 +80,15 @@ def test_legion_play_viewer_web_prints_its_loopback_address_and_stops_on_ctrl_c(
         with urllib.request.urlopen(url.group(0), timeout=30) as page:  # viser's client, from the wheel
             assert b"<html" in page.read(2000).lower()
         play.send_signal(signal.SIGINT)
-        out, _ = play.communicate(timeout=60)
+        try:
+            # 120 s: under a loaded 2-core suite its exit once outlasted 60 s after the viewer stopped
+            out, _ = play.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # where it hangs: every thread's stack, when py-spy is installed
+            spy = shutil.which("py-spy")
+            stacks = subprocess.run([spy, "dump", "--pid", str(play.pid)], capture_output=True, text=True,
+                                    timeout=60) if spy else None
+            pytest.fail("legion play did not exit within 120 s of Ctrl-C after: " + "".join(lines)
+                        + (stacks.stdout + stacks.stderr if stacks else "(install py-spy for its threads' stacks)"))
     finally:
         play.kill()
     assert play.returncode == 0 and "[legion] viewer stopped" in out, "".join(lines) + out
