@@ -16,7 +16,14 @@ from legion.agents.checkpoints import (
     prune,
     save_checkpoint,
 )
-from legion.agents.ppo import BFloat16Linear, clone_tree, load_policy_state, policy_state, update_precision
+from legion.agents.ppo import (
+    BFloat16Linear,
+    _bfloat16_linears,
+    clone_tree,
+    load_policy_state,
+    policy_state,
+    update_precision,
+)
 from legion.agents.runner import TrainingDiverged
 
 SMALL = ("task=cartpole", "sim.num_envs=64", "agent.num_steps_per_env=8")
@@ -56,9 +63,7 @@ def test_bfloat16_products_give_gradients_close_to_fp32_and_the_same_on_any_thre
 
     fp32 = network()
     bf16 = network()
-    for module in bf16.modules():
-        if type(module) is torch.nn.Linear:
-            module.__class__ = BFloat16Linear
+    _bfloat16_linears(bf16)  # as build_ppo does for agent.precision=bf16
     before = torch.get_num_threads()
     try:
         reference = gradients(fp32, False, 1)
