@@ -232,3 +232,31 @@ def test_async_training_leaves_a_core_to_the_learner():
     assert threads("agent.mode=sync") == cores
     assert threads("agent.mode=async") == max(1, cores - 1)
     assert threads("agent.mode=async", "sim.threads=3") == 3
+
+
+def test_every_worker_starts_with_the_backend_and_a_ctrl_c_in_the_start_still_exits():
+    """No step starts a thread (a Ctrl-C that lands while ThreadPoolExecutor starts one inside a
+    step leaves a thread the interpreter's exit waits for forever); a Ctrl-C during the backend's
+    own start of its workers leaves none behind: the process exits."""
+    import subprocess
+    import sys
+
+    pool = solver._started_pool(3)
+    assert len(pool._threads) == 3 and all(t.is_alive() for t in pool._threads)
+    pool.shutdown()
+    ctrl_c_during_start = """
+import os, signal, threading
+from legion.tasks.sim import solver
+wait = threading.Event.wait
+def interrupted_wait(self, timeout=None):  # a new worker's start handshake, interrupted by Ctrl-C
+    os.kill(os.getpid(), signal.SIGINT)
+    return wait(self, timeout)
+threading.Event.wait = interrupted_wait
+try:
+    solver._started_pool(2)
+except KeyboardInterrupt:
+    threading.Event.wait = wait
+    print("interrupted", flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", ctrl_c_during_start], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "interrupted" in done.stdout, done.stderr

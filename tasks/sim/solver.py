@@ -23,6 +23,7 @@ import hashlib
 import math
 import os
 import subprocess
+import threading
 import warnings
 from pathlib import Path
 from typing import Literal
@@ -432,7 +433,7 @@ class MuJoCoC(MuJoCo):
         bounds = np.linspace(0, n, threads + 1).astype(int)
         self._shares = [(t, range(bounds[t], bounds[t + 1])) for t in range(threads)]
         self._plan_writes()
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="mujoco")
+        self._pool = _started_pool(threads)
         self._lib = _mujoco_library()
         self._loop = _world_loop(self._lib)
         self._mj_step = mujoco.mj_step  # its nstep loop in C: one release of the GIL per world and control step
@@ -722,6 +723,25 @@ def _step_in_c(loop, lib, model, data, sensing, states: np.ndarray, spec: int, m
     if failed >= 0:
         mujoco.mj_resetData(model, data)  # MuJoCo left it mid-step
         raise mujoco.FatalError(f"world {failed}: {loop.last_error().decode()}")
+
+
+def _started_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    """A pool of ``threads`` workers, every one of them started before this returns.
+
+    ThreadPoolExecutor starts a worker inside ``submit``, at the first step that finds the others
+    busy. A Ctrl-C that lands while one starts leaves that thread known neither to its pool nor to
+    the interpreter's exit, which then waits for it forever (``legion play viewer=web`` hung so).
+    Started here, no step starts a thread; a Ctrl-C during this start shuts the pool down."""
+    pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="mujoco")
+    everyone = threading.Barrier(threads)  # each work item holds its worker until all have one
+    try:
+        for _ in pool.map(lambda _: everyone.wait(), range(threads)):
+            pass
+    except BaseException:
+        everyone.abort()
+        pool.shutdown(wait=False, cancel_futures=True)  # wakes every worker, known to the pool or not
+        raise
+    return pool
 
 
 @functools.cache
