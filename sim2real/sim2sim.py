@@ -194,38 +194,297 @@ def run_mujoco(model, onnx_path: Path, commands: np.ndarray, steps: int, realtim
     """One episode per command on the MuJoCo robot (``model``: an MJCF path or an MjModel) through
     the edge runtime's control loop; ``options``: MuJoCo solver options (see :class:`MuJoCoRobot`);
     ``perturbation``: a robustness condition (default: nominal)."""
-    from legion.sim2real.deploy import ControlLoop, PolicyRunner
-    from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
-    from legion.sim2real.deploy.policy import com_velocity
-
-    runner = PolicyRunner(onnx_path)
-    meta = runner.metadata
-    plain = MuJoCoRobot(model, meta, options=options)
-    robot = PerturbedRobot(plain, perturbation or Perturbation(), runner.control_dt)
-    falls = FallDetector(plain, meta.fall)
-    results, latency, summary = [], [], {}
+    episodes = MuJoCoEpisodes(model, onnx_path, options, realtime, perturbation)
+    results = []
     for command in commands:
-        robot.reset()
-        runner.reset()
-        loop = ControlLoop(robot, runner, now=plain.time, realtime=realtime)
-        lin, ang, fell_at = [], [], None
+        trace = episodes.run(command, steps)
+        results.append(episode_metrics(command, trace["lin_vel"], trace["ang_vel"], trace["fell_at"],
+                                       episodes.dt, episodes.meta.tracking))
+    return results, episodes.loop_summary()
+
+
+class MuJoCoEpisodes:
+    """Episodes of the exported policy on one MuJoCo robot through the edge runtime's control loop
+    (:class:`~legion.sim2real.deploy.ControlLoop`), each from rest in the default pose; the loop's
+    statistics add up over them (:meth:`loop_summary`)."""
+
+    def __init__(self, model, onnx_path: Path, options: dict, realtime: bool = False,
+                 perturbation: Perturbation | None = None):
+        from legion.sim2real.deploy import PolicyRunner
+        from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
+
+        self.runner = PolicyRunner(onnx_path)
+        self.meta, self.dt, self.realtime = self.runner.metadata, self.runner.control_dt, realtime
+        self.plain = MuJoCoRobot(model, self.meta, options=options)
+        self.robot = PerturbedRobot(self.plain, perturbation or Perturbation(), self.dt)
+        self.falls = FallDetector(self.plain, self.meta.fall)
+        self.latency: list[float] = []
+        self.counts: dict[str, int] = {}
+
+    def run(self, command, steps: int, push: tuple[int, np.ndarray] | None = None) -> dict:
+        """``steps`` control steps at ``command``; ``push``: (control step, (2,) world-frame base
+        velocity change [m/s]) added after that step's targets acted. Returns the base-frame
+        velocities of the base's centre of mass ``lin_vel`` and ``ang_vel`` (T, 3), the base's
+        tilt from upright [deg] and ``heading`` [rad] (T,), ``fell_at`` (the step that ended in a
+        fall, or None) and ``jump``: the world-frame centre-of-mass velocity change the push
+        made, as the state reads it (None without a push)."""
+        from legion.sim2real.deploy import ControlLoop
+        from legion.sim2real.deploy.policy import com_velocity
+
+        self.robot.reset()
+        self.runner.reset()
+        loop = ControlLoop(self.robot, self.runner, now=self.plain.time, realtime=self.realtime)
+        com = self.runner.terms.base_com
+        lin, ang, tilt, heading, fell_at, jump = [], [], [], [], None, None
         for t in range(steps):
             loop.step(command)
-            state = plain.read_state()  # the truth, for the metrics
-            lin.append(com_velocity(state, runner.terms.base_com))  # what Newton's column tracks
+            state = self.plain.read_state()  # the truth, for the metrics
+            lin.append(com_velocity(state, com))  # what Newton's column tracks
             ang.append(state["base_ang_vel"])
-            if loop.stopped or falls(state):
+            tilt.append(_tilt_deg(state["base_quat"]))
+            heading.append(_heading(state["base_quat"]))
+            if loop.stopped or self.falls(state):
                 fell_at = t
                 break
-        results.append(episode_metrics(command, lin, ang, fell_at, runner.control_dt, meta.tracking))
-        latency += loop.stats.latency
+            if push is not None and t == push[0]:
+                before = _world(state, com_velocity(state, com))
+                self.plain.data.qvel[0:2] += push[1]  # the free joint's world-frame linear velocity
+                after = self.plain.read_state()
+                jump = _world(after, com_velocity(after, com)) - before
+        self.latency += loop.stats.latency
         for key, value in loop.stats.summary().items():
             if key in ("misses", "limit_clamped", "rate_clamped", "hold", "stop"):
-                summary[key] = summary.get(key, 0) + value
-    summary["latency_p50_us"] = float(np.percentile(latency, 50) * 1e6)
-    summary["latency_p99_us"] = float(np.percentile(latency, 99) * 1e6)
-    summary["ticks"] = len(latency)
-    return results, summary
+                self.counts[key] = self.counts.get(key, 0) + value
+        return {"lin_vel": np.array(lin), "ang_vel": np.array(ang), "tilt": np.array(tilt),
+                "heading": np.array(heading), "fell_at": fell_at, "jump": jump}
+
+    def loop_summary(self) -> dict:
+        return {**self.counts, "latency_p50_us": float(np.percentile(self.latency, 50) * 1e6),
+                "latency_p99_us": float(np.percentile(self.latency, 99) * 1e6), "ticks": len(self.latency)}
+
+
+def _rotation(quat_xyzw) -> np.ndarray:
+    x, y, z, w = (float(v) for v in quat_xyzw)
+    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+                     [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+                     [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]])
+
+
+def _world(state: dict, base_frame: np.ndarray) -> np.ndarray:
+    return _rotation(state["base_quat"]) @ base_frame
+
+
+def _tilt_deg(quat_xyzw) -> float:
+    """The angle [deg] between the base's up axis and the world's."""
+    return float(np.degrees(np.arccos(np.clip(_rotation(quat_xyzw)[2, 2], -1.0, 1.0))))
+
+
+def _heading(quat_xyzw) -> float:
+    """The base's yaw [rad]: where its forward axis points, projected on the ground."""
+    forward = _rotation(quat_xyzw)[:, 0]
+    return float(np.arctan2(forward[1], forward[0]))
+
+
+# --- the push sweep -----------------------------------------------------------------------------
+PUSH_PHASE_SPAN_S = 0.5  # the push times at one command spread over this: about a trot's cycle
+RECOVERY_SMOOTHING_S = 0.2  # recovered: the tracking error, averaged over this long, ...
+RECOVERY_MARGIN = (0.1, 0.1)  # ... within the unpushed episode's + this [m/s of v_xy, rad/s of yaw rate] ...
+RECOVERY_HOLD_S = 0.5  # ... for this long
+SETTLED_AFTER_S = 1.0  # the tracking compared with nominal starts this long after the push
+
+
+@dataclass
+class PushSweep:
+    """Push recovery through the edge runtime in MuJoCo (``legion sim2sim robustness=true``): at
+    each command, one push per episode for every magnitude [m/s] from each of ``directions``
+    directions (evenly spaced in the robot's heading frame: 0 deg forward, 90 deg to its left),
+    landing at ``phases`` moments spread over :data:`PUSH_PHASE_SPAN_S` (other feet in stance).
+    A push adds its velocity to the base at once, as training's ``push_base`` does.
+    ``trained_up_to``: the task's push range per axis [m/s] (None: training did not push)."""
+
+    magnitudes: tuple[float, ...]
+    directions: int = 8
+    phases: int = 3
+    trained_up_to: float | None = None
+
+    def __post_init__(self):
+        if not self.magnitudes or any(not (np.isfinite(m) and m > 0) for m in self.magnitudes):
+            raise ValueError(f"pushes={','.join(f'{m:g}' for m in self.magnitudes)}: give push magnitudes in m/s, "
+                             "positive, comma-separated, e.g. pushes=0.5,1.0.")
+        for name in ("directions", "phases"):
+            if int(getattr(self, name)) != getattr(self, name) or getattr(self, name) < 1:
+                raise ValueError(f"push_{name}={getattr(self, name)}: a whole number of at least 1.")
+
+    @classmethod
+    def for_task(cls, task, magnitudes=None, directions: int = 8, phases: int = 3) -> PushSweep:
+        """The sweep of ``task`` (:class:`legion.configs.schema.Task`): by default half and all
+        of its push range (``task.events.push``), or 0.5 and 1.0 m/s for a task without pushes."""
+        event = task.events.get("push")
+        trained = None
+        if event is not None and event.enabled and event.func == "push_base":
+            trained = float(max(abs(v) for v in event.range))
+        if magnitudes is None:
+            magnitudes = (0.5 * trained, trained) if trained else (0.5, 1.0)
+        return cls(tuple(float(m) for m in magnitudes), directions, phases, trained)
+
+    def beyond_training(self, magnitude: float) -> bool:
+        return self.trained_up_to is None or magnitude > self.trained_up_to + 1e-9
+
+
+def push_sweep(episodes: MuJoCoEpisodes, commands: np.ndarray, steps: int, sweep: PushSweep) -> dict:
+    """Runs ``sweep`` at each command (episodes of ``steps`` control steps, the pushes from 40% of
+    the episode on) and returns ``{"pushes": one row per push, "nominal": per command, "push_steps"}``.
+
+    Per push: ``survived``; ``recover_s``, the time from the push until the tracking error is back
+    near the unpushed episode's (:func:`_recovery`; None: not within the episode); ``peak_tilt_deg``
+    after the push; ``tracking_vs_nominal``, the v_xy error from :data:`SETTLED_AFTER_S` after the
+    push to the episode's end over the unpushed episode's (None: fell, or no such steps);
+    ``jump``, the base velocity change the push made in the heading frame [m/s]."""
+    dt = episodes.dt
+    span = min(PUSH_PHASE_SPAN_S, 0.2 * steps * dt)
+    push_steps = [int(round(0.4 * steps + k * span / dt / sweep.phases)) for k in range(sweep.phases)]
+    settled = round(SETTLED_AFTER_S / dt)
+    rows, nominal_rows = [], []
+    for c, command in enumerate(commands):
+        nominal = episodes.run(command, steps)
+        reference = _errors(nominal, command)
+        nominal_rows.append({"command": [float(v) for v in command], "fell": nominal["fell_at"] is not None})
+        for k, p in enumerate(push_steps):
+            heading = nominal["heading"][min(p, len(nominal["heading"]) - 1)]  # the pushed episode retraces it
+            to_heading = np.array([[np.cos(heading), np.sin(heading)], [-np.sin(heading), np.cos(heading)]])
+            for d in range(sweep.directions):
+                angle = 2 * np.pi * d / sweep.directions
+                for magnitude in sweep.magnitudes:
+                    push = magnitude * np.array([np.cos(heading + angle), np.sin(heading + angle)])
+                    trace = episodes.run(command, steps, (p, push))
+                    errors, fell = _errors(trace, command), trace["fell_at"] is not None
+                    end = min(len(errors[0]), len(reference[0]))
+                    recover = _recovery(errors, reference, p, end, dt)
+                    after = slice(p + 1 + settled, end)
+                    ratio = (float(errors[0][after].mean() / max(reference[0][after].mean(), 1e-6))
+                             if not fell and after.start < after.stop else None)
+                    rows.append({"command": c, "direction_deg": float(np.degrees(angle)), "magnitude": magnitude,
+                                 "phase": k, "survived": not fell, "recover_s": None if fell else recover,
+                                 "peak_tilt_deg": float(trace["tilt"][p:].max(initial=0.0)),
+                                 "tracking_vs_nominal": ratio,
+                                 "jump": None if trace["jump"] is None else [float(v) for v in
+                                                                            to_heading @ trace["jump"][:2]],
+                                 "beyond_training": sweep.beyond_training(magnitude)})
+    return {"pushes": rows, "nominal": nominal_rows, "push_steps": push_steps,
+            "magnitudes": list(sweep.magnitudes), "directions": sweep.directions, "phases": sweep.phases,
+            "trained_up_to": sweep.trained_up_to}
+
+
+def push_summary(result: dict) -> dict:
+    """The sweep's pushes grouped: ``by_direction`` ((command, direction) -> row) and
+    ``by_magnitude`` (magnitude -> row); each row: ``pushes``, ``survived`` (share),
+    ``recover_s`` (mean over the pushes survived and recovered from), ``not_recovered``,
+    ``peak_tilt_deg`` (the largest), ``tracking_vs_nominal`` (mean); ``within_training``: the row
+    of every push no larger than the training range."""
+    def row(pushes: list[dict]) -> dict:
+        recovered = [r["recover_s"] for r in pushes if r["recover_s"] is not None]
+        ratios = [r["tracking_vs_nominal"] for r in pushes if r["tracking_vs_nominal"] is not None]
+        return {"pushes": len(pushes), "survived": float(np.mean([r["survived"] for r in pushes])) if pushes else None,
+                "recover_s": float(np.mean(recovered)) if recovered else None,
+                "not_recovered": sum(r["survived"] and r["recover_s"] is None for r in pushes),
+                "peak_tilt_deg": max((r["peak_tilt_deg"] for r in pushes), default=0.0),
+                "tracking_vs_nominal": float(np.mean(ratios)) if ratios else None}
+
+    rows = result["pushes"]
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["command"], r["direction_deg"]), []).append(r)
+    return {"by_direction": {key: row(group) for key, group in groups.items()},
+            "by_magnitude": {m: row([r for r in rows if r["magnitude"] == m]) for m in result["magnitudes"]},
+            "within_training": row([r for r in rows if not r["beyond_training"]])}
+
+
+def push_table(result: dict) -> str:
+    """What ``legion sim2sim robustness=true`` prints for the push sweep: per command and direction,
+    then per magnitude (those beyond the training range marked)."""
+    sweep, summary = result["push_sweep"], push_summary(result["push_sweep"])
+
+    def cells(r: dict) -> str:
+        recover = f"{r['recover_s']:.2f} s" if r["recover_s"] is not None else "-"
+        ratio = f"{r['tracking_vs_nominal']:.2f}x" if r["tracking_vs_nominal"] is not None else "-"
+        return (f"{round(r['survived'] * r['pushes']):>3d} / {r['pushes']:<3d} | {recover:>9s} "
+                f"{'(' + str(r['not_recovered']) + ' not)' if r['not_recovered'] else '':8s} | "
+                f"{r['peak_tilt_deg']:5.1f} deg | {ratio:>8s}")
+
+    trained = sweep["trained_up_to"]
+    lines = [f"Pushes of {', '.join(f'{m:g}' for m in sweep['magnitudes'])} m/s from {sweep['directions']} directions "
+             f"(0 deg: forward, 90 deg: left) at {sweep['phases']} moments of the gait, at each command "
+             + (f"(training pushed up to {trained:g} m/s per axis):" if trained else "(training did not push):"),
+             f"{'command (vx, vy, wz)':22s} | {'push':>7s} | {'survived':>9s} | {'recovered in':>18s} | "
+             f"{'peak tilt':>9s} | {'tracking':>8s}"]
+    for (c, direction), r in summary["by_direction"].items():
+        command = "(" + ", ".join(f"{v:+.1f}" for v in sweep["nominal"][c]["command"]) + ")"
+        lines.append(f"{command:22s} | {direction:3.0f} deg | {cells(r)}")
+    for magnitude, r in summary["by_magnitude"].items():
+        beyond = magnitude > trained + 1e-9 if trained else True
+        lines.append(f"{magnitude:g} m/s, every command and direction: survived {r['survived']:.0%} of {r['pushes']}"
+                     + (" (beyond the training range)" if beyond else ""))
+    lines.append(f"recovered in: until the tracking error (averaged over {RECOVERY_SMOOTHING_S:g} s) stays within "
+                 f"{RECOVERY_MARGIN[0]:g} m/s and {RECOVERY_MARGIN[1]:g} rad/s of the unpushed episode's for "
+                 f"{RECOVERY_HOLD_S:g} s; tracking: the v_xy error from {SETTLED_AFTER_S:g} s after the push on, over "
+                 "the unpushed episode's")
+    return "\n".join(lines)
+
+
+def plot_pushes(result: dict, path: Path) -> None:
+    """The share of pushes survived by direction, one polar panel per command, a line per magnitude."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = result["push_sweep"]
+    commands = sweep["nominal"]
+    fig, axes = plt.subplots(1, len(commands), subplot_kw={"projection": "polar"},
+                             figsize=(3.2 * len(commands), 3.6), squeeze=False)
+    by_direction = push_summary(sweep)["by_direction"]
+    directions = sorted({d for _, d in by_direction})
+    angles = np.radians([*directions, directions[0]])
+    for c, ax in enumerate(axes[0]):
+        for magnitude in sweep["magnitudes"]:
+            share = [np.mean([r["survived"] for r in sweep["pushes"]
+                              if (r["command"], r["direction_deg"], r["magnitude"]) == (c, d, magnitude)])
+                     for d in directions]
+            ax.plot(angles, [*share, share[0]], marker="o", label=f"{magnitude:g} m/s")
+        ax.set_ylim(0, 1)
+        ax.set_title("(" + ", ".join(f"{v:+.1f}" for v in commands[c]["command"]) + ")", fontsize=9)
+        ax.set_theta_zero_location("N")  # forward up, left to the left
+        ax.tick_params(labelsize=7)
+    axes[0][-1].legend(loc="lower right", fontsize=7, bbox_to_anchor=(1.3, -0.15))
+    fig.suptitle("Pushes survived (share) by direction, per command (vx, vy, wz)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _recovery(errors, reference, push: int, end: int, dt: float) -> float | None:
+    """Seconds from the push until the tracking errors (v_xy, yaw rate), smoothed over
+    :data:`RECOVERY_SMOOTHING_S` (a gait's velocity swings within a stride), stay within
+    :data:`RECOVERY_MARGIN` of the unpushed episode's mean after the push for
+    :data:`RECOVERY_HOLD_S`; None: not within the episode."""
+    smooth, hold = max(1, round(RECOVERY_SMOOTHING_S / dt)), max(1, round(RECOVERY_HOLD_S / dt))
+    within = np.ones(max(0, end - push - smooth), bool)
+    for error, nominal, margin in zip(errors, reference, RECOVERY_MARGIN):
+        after = np.convolve(error[push + 1:end], np.ones(smooth) / smooth, mode="valid")  # at t: over [t, t + smooth)
+        within &= after[:len(within)] <= nominal[push + 1:end].mean() + margin
+    held = 0
+    for t, ok in enumerate(within):
+        held = held + 1 if ok else 0
+        if held == hold:
+            return (t - hold + 2) * dt  # the first step of the run that held
+    return None
+
+
+def _errors(trace: dict, command) -> tuple[np.ndarray, np.ndarray]:
+    """(T,) tracking errors of v_xy [m/s] and yaw rate [rad/s] of an episode."""
+    return (np.linalg.norm(trace["lin_vel"][:, :2] - np.asarray(command[:2]), axis=1),
+            np.abs(trace["ang_vel"][:, 2] - command[2]))
 
 
 def runtime_notes(action, loop: dict) -> list[str]:
@@ -255,7 +514,7 @@ def mean_row(rows: list[dict]) -> dict:
 
 def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: float = 10.0,
             commands=DEFAULT_COMMANDS, physics: str = "mjcf", realtime: bool = False, overrides=(),
-            robustness: bool = False, episodes: int = 50) -> dict:
+            robustness: bool = False, episodes: int = 50, pushes: dict | None = None) -> dict:
     """``legion sim2sim`` as a function: the exported policy in Newton and in plain MuJoCo. A task
     with a position or pose command (arm_lift, arm_reach) goes to :func:`compare_goals`
     (``episodes``); the rest of this describes velocity commands (locomotion).
@@ -266,7 +525,9 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     ``{"newton": rows, "mujoco": rows, "mean": {...}, "loop": control-loop statistics, "steps",
     "control_dt", "onnx"}``, and with ``robustness`` the MuJoCo robot's mean row under each
     :data:`ROBUSTNESS` condition (``"robustness"``: condition name -> row, the forward command's
-    error added); raises ValueError (and the load/export errors) for a bad request.
+    error added) and the push sweep (``"push_sweep"``: :func:`push_sweep` in episodes of
+    ``min(duration_s, 5)`` seconds; ``pushes``: :meth:`PushSweep.for_task`'s keyword arguments);
+    raises ValueError (and the load/export errors) for a bad request.
     """
     from legion.api import load_run
     from legion.configs import load_run_config
@@ -278,6 +539,7 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     task = load_run_config(run).task
     if task.command is not None and task.command.type in ("position", "pose"):
         return compare_goals(run, checkpoint, onnx, episodes, physics, overrides)
+    sweep = PushSweep.for_task(task, **(pushes or {})) if robustness else None  # refused before any work
     commands = np.asarray(commands, dtype=np.float32).reshape(-1, 3)
     still = [f"sim.num_envs={len(commands)}"] + [f"++task.events.{name}.enabled=false" for name in task.events]
     loaded = load_run(run, checkpoint, [*still, *overrides])
@@ -300,11 +562,14 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
               "mean": {"newton": mean_row(newton), "mujoco": mean_row(mujoco_rows)},
               "loop": loop, "steps": steps, "control_dt": env.step_dt, "onnx": str(onnx)}
     result["notes"] = runtime_notes(env.action, loop)
-    if robustness:
+    if sweep is not None:
         result["robustness"] = {}
         for condition in ROBUSTNESS:
             rows, _ = run_mujoco(model, Path(onnx), commands, steps, realtime, options, condition)
             result["robustness"][condition.name] = {**mean_row(rows), "forward_error": rows[0]["vel_error_xy"]}
+        runtime = MuJoCoEpisodes(model, Path(onnx), options)
+        push_steps = int(round(min(duration_s, 5.0, settings.task.episode_length_s) / env.step_dt))
+        result["push_sweep"] = push_sweep(runtime, commands, push_steps, sweep)
     return result
 
 

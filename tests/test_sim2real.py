@@ -750,6 +750,12 @@ def test_sim2sim_matched_physics_reproduces_newton(trained, tmp_path):
     assert "latency 40 ms" in result.stdout and "combined" in result.stdout
     assert table["robustness"]["nominal"]["vel_error_xy"] == pytest.approx(table["mean"]["mujoco"]["vel_error_xy"])
     assert table["robustness"]["latency 40 ms"]["vel_error_xy"] != table["robustness"]["nominal"]["vel_error_xy"]
+    # ... and the push sweep: 2 commands x 8 directions x 2 magnitudes (half and all of the task's +-1 m/s) x 3 moments
+    sweep = table["push_sweep"]
+    assert len(sweep["pushes"]) == 96 and sweep["magnitudes"] == [0.5, 1.0] and sweep["trained_up_to"] == 1.0
+    assert "Pushes of 0.5, 1 m/s from 8 directions" in result.stdout
+    assert "beyond the training range" not in result.stdout
+    assert (run / "sim2sim_pushes.png").stat().st_size > 10_000
 
 
 def test_sim2sim_says_when_the_runtime_clamps_what_training_did_not(trained, tmp_path):
@@ -801,6 +807,42 @@ def test_sim2sim_perturbations_act_on_the_mujoco_robot(trained):
     truth, seen = robot.read_state(), perturbed.read_state()
     difference = np.abs(seen["joint_vel"] - truth["joint_vel"])
     assert 0 < difference.max() <= SENSOR_NOISE["joint_vel"]
+
+
+def test_the_push_sweep_pushes_by_what_it_says_and_marks_pushes_beyond_training(trained):
+    """Each push of the sweep changes the base's velocity (as the robot's state reads it) by its
+    magnitude in its direction of the robot's heading frame; the table counts every push and marks
+    a magnitude beyond the task's training range."""
+    from legion.sim2real.sim2sim import MuJoCoEpisodes, PushSweep, push_summary, push_sweep, push_table
+
+    episodes = MuJoCoEpisodes(ROOT / "tasks" / "assets" / "quadruped.xml", trained["out"] / "policy.onnx", {})
+    sweep = PushSweep((0.3, 1.5), directions=4, phases=2, trained_up_to=1.0)
+    result = push_sweep(episodes, np.array([[0.5, 0.0, 0.0], [0.0, 0.0, 0.5]]), 40, sweep)
+    rows = result["pushes"]
+    assert len(rows) == 2 * 4 * 2 * 2 and result["push_steps"] == [16, 20]
+    for row in rows:
+        angle = np.radians(row["direction_deg"])
+        expected = row["magnitude"] * np.array([np.cos(angle), np.sin(angle)])
+        assert np.abs(np.array(row["jump"]) - expected).max() < 1e-6, row
+        assert row["beyond_training"] == (row["magnitude"] == 1.5)
+    summary = push_summary(result)
+    assert [r["pushes"] for r in summary["by_magnitude"].values()] == [16, 16]
+    assert summary["within_training"]["pushes"] == 16
+    table = push_table({"push_sweep": result})
+    assert "1.5 m/s, every command and direction: survived" in table
+    assert table.count("(beyond the training range)") == 1 and "0.3 m/s, every command" in table
+    assert "training pushed up to 1 m/s per axis" in table
+
+
+def test_a_malformed_push_sweep_is_refused_by_name(trained):
+    from conftest import legion_in_process
+
+    for option, message in (("pushes=fast", "pushes=fast: expected a number"),
+                            ("pushes=0.5,-1", "pushes=0.5,-1: give push magnitudes in m/s, positive"),
+                            ("push_directions=0", "push_directions=0: a whole number of at least 1"),
+                            ("push_phases=2.5", "push_phases=2.5: expected an integer")):
+        code, _, err = legion_in_process("sim2sim", f"run={trained['run']}", "robustness=true", option)
+        assert code == 2 and message in err, (option, err)
 
 
 def test_sim2sim_of_a_goal_task_starts_each_mujoco_episode_where_newton_started_it(tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 from legion.commands import UsageError, flag, number, run_args
 
 HELP = """usage: legion sim2sim run=<run folder> [duration_s=10] [commands=JSON] [realtime=false]
+                      [robustness=true [pushes=0.5,1.0] [push_directions=8] [push_phases=3]]
                       [key=value ...]
 
 Exports the run's policy (as `legion export`, into <run>/exported/ unless onnx=PATH names an
@@ -25,7 +26,16 @@ error of (v_x, v_y) and yaw rate, falls, survival time, tracking return.
   robustness=true    also run the MuJoCo robot under each condition of sim2sim.ROBUSTNESS, alone and
                      combined: floor friction 0.25 and 0.4, base mass +-20%, kp -20%, actuator
                      latency 20 and 40 ms, sensor noise (legged_gym's), pushes of 0.5 m/s every 3 s;
-                     one line each: falls and tracking error
+                     one line each: falls and tracking error. Then the push sweep: at each command,
+                     one push per episode (episodes of min(duration_s, 5) s, pushed from 40% on) of
+                     each magnitude from each direction at several moments of the gait: pushes
+                     survived, time to recover to the command, peak tilt and tracking afterwards,
+                     per command and direction, and a plot (plot=PATH, default
+                     <run>/sim2sim_pushes.png)
+  pushes=0.5,1.0     the push magnitudes [m/s] (default: half and all of the task's training range,
+                     task.events.push; a magnitude beyond it is marked so in the table)
+  push_directions=8  directions evenly spaced around the robot (0 deg: forward, 90 deg: left)
+  push_phases=3      moments of the gait each push lands at, spread over 0.5 s
 
 A goal task (a position command: arm_lift) compares episodes instead: episodes=50 envs with the
 task's reset randomization (object place, joint offsets; its size, mass and friction nominal),
@@ -45,18 +55,23 @@ def run(args: list[str]) -> None:
         return
     run, options, overrides = run_args(args, HELP, {
         "checkpoint": None, "onnx": None, "duration_s": "10", "commands": json.dumps(s2s.DEFAULT_COMMANDS),
-        "realtime": "false", "json": None, "physics": "mjcf", "robustness": "false", "episodes": "50"})
+        "realtime": "false", "json": None, "physics": "mjcf", "robustness": "false", "episodes": "50",
+        "pushes": None, "push_directions": "8", "push_phases": "3", "plot": None})
     try:
         commands = json.loads(options["commands"])
     except ValueError as e:
         raise UsageError(f"commands must be a JSON list of [v_x, v_y, yaw_rate] triples ({e})"
                          f"\n\n{HELP}") from None
+    pushes: dict = {"directions": number("push_directions", options["push_directions"]),
+              "phases": number("push_phases", options["push_phases"])}
+    if options["pushes"] is not None:
+        pushes["magnitudes"] = [number("pushes", m, float) for m in options["pushes"].split(",")]
     if options["physics"] not in ("mjcf", "matched"):
         raise UsageError(f"physics={options['physics']}: choose physics=mjcf or physics=matched.")
     result = s2s.compare(run, options["checkpoint"], Path(options["onnx"]) if options["onnx"] else None,
                          number("duration_s", options["duration_s"], float), commands, options["physics"],
                          options["realtime"].lower() == "true", overrides, flag("robustness", options["robustness"]),
-                         number("episodes", options["episodes"], int))
+                         number("episodes", options["episodes"], int), pushes)
     if result.get("kind") == "goals":
         print(f"[legion] sim2sim {result['onnx']}: {len(result['newton'])} episodes x "
               f"{result['steps'] * result['control_dt']:g} s from the same starts, MuJoCo physics={options['physics']}")
@@ -72,6 +87,9 @@ def run(args: list[str]) -> None:
         print(f"\nThe MuJoCo robot under each condition ({len(commands)} commands; falls; tracking error "
               "[m/s, rad/s]):")
         print(s2s.robustness_table(result))
+        plot = Path(options["plot"]) if options["plot"] else run / "sim2sim_pushes.png"
+        s2s.plot_pushes(result, plot)
+        print("\n" + s2s.push_table(result) + f"\nplot: {plot}")
     if options["json"]:
-        keys = ("newton", "mujoco", "mean", "loop", "robustness", "notes")
+        keys = ("newton", "mujoco", "mean", "loop", "robustness", "push_sweep", "notes")
         Path(options["json"]).write_text(json.dumps({k: result[k] for k in keys if k in result}, indent=2))
