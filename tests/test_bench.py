@@ -35,6 +35,7 @@ SMALLEST = {
                         "agent.video.max_seconds=0.2", "agent.num_steps_per_env=4"], "training_video.json"),
     "policy_latency": (["--calls", "50"], "policy_latency.json"),
     "deploy_dds": (None, "deploy_dds_go2.json"),  # its run: an untrained Go2 policy, exported (below)
+    "push_recovery": (None, "push_recovery.json"),  # its run: an untrained quadruped policy (below)
 }
 
 
@@ -51,6 +52,11 @@ def test_the_benchmark_runs_its_smallest_configuration(name, tmp_path):
         (tmp_path / "run").mkdir()
         made = export_untrained_run(tmp_path / "run", *TINY_GO2)
         args = ["--run", str(made["out"]), "--seconds", "0.3", "--commands", "[[0.5, 0, 0]]"]
+    if name == "push_recovery":
+        (tmp_path / "run").mkdir()
+        made = export_untrained_run(tmp_path / "run", "task=quadruped_flat")
+        args = ["--runs", f"untrained={made['run']}", "--duration-s", "0.4", "--directions", "2", "--phases", "1",
+                "--commands", "[[0.5, 0, 0]]"]
     environ = {**os.environ, "LEGION_BENCH_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), *args], cwd=tmp_path, env=environ,
                             capture_output=True, text=True, timeout=300)
