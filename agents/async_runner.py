@@ -59,6 +59,7 @@ from legion.agents.ppo import (
     load_weights,
     policy_state,
     restore_if_nonfinite,
+    update,
 )
 from legion.agents.runner import Runner
 from legion.configs.schema import Agent
@@ -306,7 +307,7 @@ class AsyncRunner(Runner):
                     else:
                         compute_returns_off_policy(ppo, rollout, self.rho_clip, self.c_clip)
                 try:
-                    losses = ppo.update()  # clears the buffer for the actor
+                    losses = update(ppo)  # clears the buffer for the actor
                 except BaseException as e:
                     # Undo the half-done update, so the runner holds version `iteration` exactly.
                     last_good = self._latest()

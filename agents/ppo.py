@@ -21,6 +21,7 @@ import torch
 from rsl_rl.algorithms import PPO
 from rsl_rl.env import VecEnv
 from rsl_rl.models import MLPModel, RNNModel
+from rsl_rl.modules import MLP
 from rsl_rl.storage import RolloutStorage
 from tensordict import TensorDict
 
@@ -35,9 +36,21 @@ def obs_groups_for(obs) -> dict[str, list[str]]:
 
 
 def _build_model(obs: TensorDict, obs_set: str, output_dim: int, network: Network, **kwargs) -> MLPModel:
-    """rsl-rl's MLPModel, or its RNNModel (a GRU or LSTM before the MLP) where ``network.rnn.type`` is set."""
-    cfg = {k: v for k, v in asdict(network).items() if k not in ("rnn", "init_noise_std")}
-    rnn = network.rnn
+    """rsl-rl's MLPModel, or its RNNModel (a GRU or LSTM before the MLP) where ``network.rnn.type``
+    is set, or an :class:`EstimatorModel` where an actor's ``estimator.target`` is."""
+    cfg = {k: v for k, v in asdict(network).items() if k not in ("rnn", "init_noise_std", "estimator")}
+    rnn, estimator = network.rnn, getattr(network, "estimator", None)
+    if estimator is not None and estimator.target is not None:
+        if estimator.target not in obs.keys():
+            groups = ", ".join(map(str, obs.keys()))
+            raise ValueError(f"agent.{obs_set}.estimator.target={estimator.target}: the task has no observation group "
+                             f"of that name (groups: {groups}); add one to task.observations, e.g. base_velocity: "
+                             "{base_lin_vel: {}}")
+        if rnn.type is not None:
+            raise ValueError(f"agent.{obs_set}.estimator needs a feed-forward {obs_set} (agent.{obs_set}.rnn.type "
+                             "null): a recurrent one carries its own estimate in its state.")
+        return EstimatorModel(obs, obs_groups_for(obs), obs_set, output_dim, **cfg, **kwargs, target=estimator.target,
+                              estimator_dims=list(estimator.hidden_dims), loss_coef=estimator.loss_coef)
     if rnn.type is None:
         return MLPModel(obs, obs_groups_for(obs), obs_set, output_dim, **cfg, **kwargs)
     if rnn.type not in ("lstm", "gru"):
@@ -55,6 +68,103 @@ def _build_actor(obs: TensorDict, num_actions: int, cfg: Agent) -> MLPModel:
 def _build_critic(obs: TensorDict, cfg: Agent) -> MLPModel:
     """The critic, sized from the observations (built after the actor: the RNG draws its weights in that order)."""
     return _build_model(obs, "critic", 1, cfg.critic)
+
+
+class EstimatorModel(MLPModel):
+    """rsl-rl's MLP actor with a state estimator in front: ``estimator``, an MLP, reads the
+    normalized policy observation and estimates the ``target`` observation group (e.g. the base's
+    linear velocity); the policy's MLP reads the observation and the estimate. Exported whole
+    (:meth:`as_onnx`), so the robot feeds it the policy observation only.
+
+    The estimator learns by regression, concurrently with PPO (Ji et al., "Concurrent Training of
+    a Control Policy and a State Estimator for Dynamic and Robust Legged Locomotion", RA-L 2022):
+    where the actor runs with gradients and the target group in its input (PPO's update), the
+    estimate passes through :class:`_Regressed`, whose backward hands the estimator the gradient
+    of ``loss_coef`` times its mean squared error instead of PPO's. So rsl-rl's update runs as it
+    is, and PPO's losses do not shape the estimate the policy learns to read.
+    """
+
+    def __init__(self, obs: TensorDict, obs_groups: dict, obs_set: str, output_dim: int, *, target: str,
+                 estimator_dims: list[int], loss_coef: float, **kwargs):
+        self.target_dim = obs[target].shape[-1]  # read by _get_latent_dim in MLPModel's __init__
+        super().__init__(obs, obs_groups, obs_set, output_dim, **kwargs)
+        self.target, self.loss_coef = target, loss_coef
+        self.estimator = MLP(self.obs_dim, self.target_dim, estimator_dims, kwargs.get("activation", "elu"))
+        self.loss_sum, self.loss_count = torch.zeros(()), 0  # the regression losses since update() read them
+
+    def _get_latent_dim(self) -> int:
+        return self.obs_dim + self.target_dim
+
+    def get_latent(self, obs: TensorDict, masks=None, hidden_state=None) -> torch.Tensor:
+        observation = super().get_latent(obs, masks, hidden_state)  # concatenated and normalized
+        estimate = self.estimator(observation)
+        if torch.is_grad_enabled() and self.target in obs.keys():
+            target = obs[self.target]
+            self.loss_sum = self.loss_sum.to(target.device) + torch.nn.functional.mse_loss(estimate.detach().float(),
+                                                                                          target)
+            self.loss_count += 1
+            estimate = _Regressed.apply(estimate, target, self.loss_coef)
+        return torch.cat([observation, estimate.to(observation.dtype)], dim=-1)
+
+    def estimate(self, obs: TensorDict) -> torch.Tensor:
+        """The estimator's output for ``obs`` (its policy group)."""
+        return self.estimator(super().get_latent(obs))
+
+    def as_onnx(self, verbose: bool) -> torch.nn.Module:
+        return _OnnxEstimatorModel(self)
+
+
+class _Regressed(torch.autograd.Function):
+    """``estimate`` unchanged forward; backward: ``coef`` times the gradient of the mean squared
+    error to ``target`` in place of the gradient that arrived (see :class:`EstimatorModel`)."""
+
+    @staticmethod
+    def forward(ctx, estimate: torch.Tensor, target: torch.Tensor, coef: float) -> torch.Tensor:
+        ctx.save_for_backward(estimate, target)
+        ctx.coef = coef
+        return estimate.clone()
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        estimate, target = ctx.saved_tensors
+        grad = ctx.coef * 2.0 * (estimate.float() - target) / estimate.numel()
+        return grad.to(estimate.dtype), None, None
+
+
+class _OnnxEstimatorModel(torch.nn.Module):
+    """An :class:`EstimatorModel` for ONNX export, as rsl-rl's MLP export wrapper: observation ->
+    normalizer -> [observation, estimator] -> MLP -> the action's mean."""
+
+    is_recurrent = False
+    input_names, output_names = ["obs"], ["actions"]
+
+    def __init__(self, model: EstimatorModel):
+        super().__init__()
+        import copy
+
+        self.obs_normalizer = copy.deepcopy(model.obs_normalizer)
+        self.estimator, self.mlp = copy.deepcopy(model.estimator), copy.deepcopy(model.mlp)
+        assert model.distribution is not None
+        self.deterministic_output = model.distribution.as_deterministic_output_module()
+        self.input_size = model.obs_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.obs_normalizer(x)
+        return self.deterministic_output(self.mlp(torch.cat([x, self.estimator(x)], dim=-1)))
+
+    def get_dummy_inputs(self) -> tuple[torch.Tensor]:
+        return (torch.zeros(1, self.input_size),)
+
+
+def update(ppo: PPO) -> dict[str, float]:
+    """rsl-rl's ``PPO.update``, and the actor's estimator's regression loss (the mean over the
+    update's mini-batches) among its losses as ``estimator``."""
+    losses = ppo.update()
+    actor = ppo.actor
+    if isinstance(actor, EstimatorModel) and actor.loss_count:
+        losses["estimator"] = actor.loss_sum.item() / actor.loss_count
+        actor.loss_sum, actor.loss_count = torch.zeros(()), 0
+    return losses
 
 
 class BFloat16Linear(torch.nn.Linear):

@@ -37,6 +37,7 @@ from legion.agents.ppo import (
     nonfinite_rollout,
     policy_state,
     restore_if_nonfinite,
+    update,
 )
 from legion.agents.telemetry import RolloutStats, TrainingLog
 from legion.configs.schema import Agent
@@ -416,7 +417,7 @@ class Runner:
                     before_update = clone_tree(policy_state(ppo))
                     try:
                         with self.update_threads.alone():  # nothing else computes meanwhile
-                            losses = ppo.update()
+                            losses = update(ppo)
                     except BaseException as e:
                         load_policy_state(ppo, before_update)
                         ppo.storage.clear()

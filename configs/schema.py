@@ -344,8 +344,22 @@ class Network:
 
 
 @dataclass
+class Estimator:
+    """A state estimator inside the actor (:class:`legion.agents.ppo.EstimatorModel`): a small MLP
+    that reads the policy's (normalized) observation and estimates what the ``target`` group holds,
+    e.g. the base's linear velocity, which no robot measures; its estimate joins the observation
+    into the policy's MLP and is exported with it, so the robot needs no such sensor. It learns by
+    regression on the target group (privileged: training only) during PPO's update."""
+
+    target: Optional[str] = None  # an observation group of the task (e.g. base_velocity); null: no estimator
+    hidden_dims: list[int] = field(default_factory=lambda: [128, 64])
+    loss_coef: float = 1.0  # its mean squared error's weight beside PPO's losses
+
+
+@dataclass
 class Actor(Network):
     init_noise_std: float = 1.0
+    estimator: Estimator = field(default_factory=Estimator)  # e.g. agent.actor.estimator.target=base_velocity
 
 
 @dataclass

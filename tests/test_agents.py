@@ -121,6 +121,40 @@ def test_a_bf16_update_moves_the_weights_as_fp32_does_and_its_checkpoint_is_fp32
     assert type(fp32.ppo.actor.mlp[0]) is torch.nn.Linear
 
 
+def test_the_estimator_learns_by_regression_alone_and_the_policy_reads_its_estimate():
+    """agent.actor.estimator: the estimator's gradient is that of its mean squared error to the
+    target group (times loss_coef) whatever loss the actor's output enters; the policy's MLP reads
+    the observation and the estimate; bad settings are refused by name."""
+    from tensordict import TensorDict
+
+    from legion.agents.ppo import EstimatorModel, _build_actor
+
+    cfg = compose("task=cartpole", "agent.actor.estimator.target=truth", "agent.actor.estimator.loss_coef=0.5").agent
+    torch.manual_seed(0)
+    obs = TensorDict({"policy": torch.randn(64, 5), "truth": torch.randn(64, 3)}, batch_size=[64])
+    actor = _build_actor(obs, 2, cfg)
+    assert isinstance(actor, EstimatorModel) and actor.mlp[0].in_features == 5 + 3
+    (actor(obs) ** 2).sum().backward()  # any loss of the actions
+    mlp_grads = [p.grad.clone() for p in actor.mlp.parameters()]
+    estimator_grads = [p.grad.clone() for p in actor.estimator.parameters()]
+    actor.zero_grad()
+    estimate = actor.estimator(actor.obs_normalizer(obs["policy"]))
+    (0.5 * torch.nn.functional.mse_loss(estimate, obs["truth"])).backward()
+    for got, expected in zip(estimator_grads, (p.grad for p in actor.estimator.parameters())):
+        assert torch.allclose(got, expected, atol=1e-7)
+    assert all(g.abs().sum() > 0 for g in mlp_grads)
+    assert actor.loss_count == 1 and actor.loss_sum.item() > 0.5  # unit-variance targets, an untrained estimate
+    with torch.no_grad():  # acting: no target needed, nothing counted
+        actor(TensorDict({"policy": obs["policy"]}, batch_size=[64]))
+    assert actor.loss_count == 1
+    with pytest.raises(ValueError, match=r"estimator.target=speed: the task has no observation group of that name "
+                                         r"\(groups: policy, truth\)"):
+        _build_actor(obs, 2, compose("task=cartpole", "agent.actor.estimator.target=speed").agent)
+    with pytest.raises(ValueError, match="agent.actor.estimator needs a feed-forward actor"):
+        _build_actor(obs, 2, compose("task=cartpole", "agent.actor.estimator.target=truth",
+                                     "agent.actor.rnn.type=lstm").agent)
+
+
 def test_the_progress_line_shows_how_often_the_solver_hit_a_limit(capsys):
     # MuJoCo Warp counts the worlds stopped at a limit; MuJoCo's C library keeps no such count.
     runner = make_runner("task=quadruped_flat", "sim.num_envs=4", "agent.num_steps_per_env=8", "sim.backend=warp",

@@ -834,6 +834,34 @@ def test_the_push_sweep_pushes_by_what_it_says_and_marks_pushes_beyond_training(
     assert "training pushed up to 1 m/s per axis" in table
 
 
+def test_the_velocity_estimator_is_exported_inside_the_policy_and_estimates_there_as_in_training(tmp_path):
+    """A deployable policy with agent.actor.estimator: the ONNX graph takes the policy observation
+    alone (no base velocity), and the estimate inside it is the trained estimator's to 1e-5."""
+    import onnxruntime as ort
+    from tensordict import TensorDict
+
+    made = export_untrained_run(tmp_path, "task=quadruped_flat_deployable",
+                                "agent.actor.estimator.target=base_velocity")
+    actor, env = made["actor"], made["env"]
+    model = onnx.load(made["out"] / "policy.onnx")
+    assert [i.name for i in model.graph.input] == ["obs"] and made["report"]["policy.onnx"]["max_abs_diff"] <= 1e-5
+    terms = [t["func"] for t in json.loads((made["out"] / "policy.json").read_text())["observation"]["terms"]]
+    assert "base_lin_vel" not in terms
+    concat = [n for n in model.graph.node if n.op_type == "Concat"]
+    assert len(concat) == 1  # [observation, estimate] into the policy's MLP
+    model.graph.output.append(onnx.helper.make_tensor_value_info(concat[0].input[1], onnx.TensorProto.FLOAT, None))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with torch.inference_mode():
+        obs = env.get_observations()
+        for _ in range(5):
+            obs, *_ = env.step(actor(obs))
+        policy = obs["policy"].clone()
+    exported = session.run(None, {"obs": policy.numpy()})[1]
+    with torch.no_grad():
+        trained = actor.estimate(TensorDict({"policy": policy}, batch_size=[len(policy)])).numpy()
+    assert exported.shape == (env.num_envs, 3) and np.abs(exported - trained).max() < 1e-5
+
+
 def test_a_malformed_push_sweep_is_refused_by_name(trained):
     from conftest import legion_in_process
 
