@@ -421,7 +421,7 @@ def push_table(result: dict) -> str:
         command = "(" + ", ".join(f"{v:+.1f}" for v in sweep["nominal"][c]["command"]) + ")"
         lines.append(f"{command:22s} | {direction:3.0f} deg | {cells(r)}")
     for magnitude, r in summary["by_magnitude"].items():
-        beyond = magnitude > trained + 1e-9 if trained else True
+        beyond = any(p["beyond_training"] for p in sweep["pushes"] if p["magnitude"] == magnitude)
         lines.append(f"{magnitude:g} m/s, every command and direction: survived {r['survived']:.0%} of {r['pushes']}"
                      + (" (beyond the training range)" if beyond else ""))
     lines.append(f"recovered in: until the tracking error (averaged over {RECOVERY_SMOOTHING_S:g} s) stays within "
@@ -442,8 +442,7 @@ def plot_pushes(result: dict, path: Path) -> None:
     commands = sweep["nominal"]
     fig, axes = plt.subplots(1, len(commands), subplot_kw={"projection": "polar"},
                              figsize=(3.2 * len(commands), 3.6), squeeze=False)
-    by_direction = push_summary(sweep)["by_direction"]
-    directions = sorted({d for _, d in by_direction})
+    directions = sorted({r["direction_deg"] for r in sweep["pushes"]})
     angles = np.radians([*directions, directions[0]])
     for c, ax in enumerate(axes[0]):
         for magnitude in sweep["magnitudes"]:
