@@ -6,7 +6,8 @@ command; at each command, one push per episode of every magnitude from every dir
 several moments of the gait (`legion sim2sim --help`). One row per run: the tracking error
 without pushes, the share of pushes survived within the training range and at each magnitude,
 the command and direction survived least, the mean time to recover to the command, the largest
-tilt, and the tracking error from 1 s after a push on over the unpushed episode's. A polar plot
+tilt, and the tracking error from 1 s after a push on over the unpushed episode's (the mean, and
+the mean at the command where it is largest). A polar plot
 per run (pushes survived by direction) goes next to the JSON.
 
     python bench/push_recovery.py --runs today=runs/quadruped_flat_deployable/<date> [label=<run> ...]
@@ -16,6 +17,8 @@ per run (pushes survived by direction) goes next to the JSON.
 import argparse
 import json
 from pathlib import Path
+
+import numpy as np
 
 from common import RESULTS, print_table, write_json
 from legion.sim2real import sim2sim
@@ -31,6 +34,9 @@ def measure(run: Path, args) -> tuple[dict, dict]:
     (c, direction), worst = min(summary["by_direction"].items(), key=lambda item: item[1]["survived"])
     command = result["push_sweep"]["nominal"][c]["command"]
     within = summary["within_training"]
+    rows = [r for r in result["push_sweep"]["pushes"] if r["tracking_vs_nominal"] is not None]
+    per_command = [np.mean([r["tracking_vs_nominal"] for r in rows if r["command"] == k])
+                   for k in {r["command"] for r in rows}]
     row = {"run": "", "err_xy without pushes": result["mean"]["mujoco"]["vel_error_xy"],
            "survived (within training)": within["survived"] if within["pushes"] else float("nan"),
            **{f"survived at {m:g} m/s": r["survived"] for m, r in summary["by_magnitude"].items()},
@@ -39,6 +45,7 @@ def measure(run: Path, args) -> tuple[dict, dict]:
            "recover s": within["recover_s"] if within["recover_s"] is not None else float("nan"),
            "peak tilt deg": within["peak_tilt_deg"],
            "tracking after / nominal": within["tracking_vs_nominal"] or float("nan"),
+           "... at the worst command": float(max(per_command, default=float("nan"))),
            "pushes": len(result["push_sweep"]["pushes"])}
     return row, result
 
