@@ -11,6 +11,7 @@ V-trace targets and the decoupled PPO objective for rollouts collected by an old
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 from collections.abc import Callable
@@ -140,8 +141,6 @@ class _OnnxEstimatorModel(torch.nn.Module):
 
     def __init__(self, model: EstimatorModel):
         super().__init__()
-        import copy
-
         self.obs_normalizer = copy.deepcopy(model.obs_normalizer)
         self.estimator, self.mlp = copy.deepcopy(model.estimator), copy.deepcopy(model.mlp)
         assert model.distribution is not None
