@@ -25,7 +25,7 @@ class CapturedStep:
     (``wp.capture_begin(external=True)``) and NewtonSim launches its kernels into it.
 
     The Python-side choices that shape a step (noise on or off, commands held, physical
-    parameters waiting to be handed to the solver) are part of the capture: when one changes,
+    parameters waiting to be handed to the solver, final observations kept) are part of the capture: when one changes,
     the next steps run eagerly again and then capture anew. After-physics hooks (a recorder)
     read the state on the host, so with any registered the step runs eagerly.
 
@@ -50,7 +50,8 @@ class CapturedStep:
 
     def step(self, actions: torch.Tensor) -> tuple[TensorDict, torch.Tensor, torch.Tensor, dict]:
         env = self.env
-        shape = (env.noise_enabled, getattr(env.command, "held", None), env.sim.pending_params)
+        shape = (env.noise_enabled, getattr(env.command, "held", None), env.sim.pending_params,
+                 env.keep_final_observations)
         if shape != self.shape:
             self.graph = self.warp_graph = None
             self.shape, self.eager_steps = shape, 0

@@ -83,6 +83,7 @@ class LegionEnv(VecEnv):
         self.max_episode_length = math.ceil(task.episode_length_s / self.step_dt)
         self.episode_length_buf = torch.zeros(self.num_envs, dtype=torch.long, device=device)
         self.noise_enabled = True
+        self.keep_final_observations = False  # see step()
         self._masks_read_free = torch.device(device).type == "cpu"  # see any_world
         # Default state: the model's, with the task's pose (by joint-name regex) and base height.
         robot = self.robot
@@ -194,7 +195,11 @@ class LegionEnv(VecEnv):
         :data:`legion.tasks.sim.SOLVER_LIMITS`); ``extras["episodes"]`` sums over the episodes that
         ended this step: ``count`` and per reward term ``Episode_Reward/<term>`` (each episode's
         reward per second), and with a ``task.success``, ``Episode_Success/rate`` (how many
-        succeeded), absent on a CPU where none ended. All are device tensors (or Python numbers),
+        succeeded), absent on a CPU where none ended. With ``keep_final_observations`` (an off-policy
+        learner sets it), ``extras["final_observations"]`` holds every group's observation of the
+        state each ended episode ended in, before its reset (rows of the worlds in ``dones``; the
+        others' rows hold their current state's): absent where nothing ended on a CPU, computed in
+        every step elsewhere (knowing would need a read). All are device tensors (or Python numbers),
         never read back here; on a CPU the step reads its masks (:meth:`any_world`).
 
         With ``sim.capture_step`` (CUDA) the step is a replay of a recorded one
@@ -224,6 +229,9 @@ class LegionEnv(VecEnv):
         # success and rewards above judged the command the policy saw.
         self.command_manager.step()
         dones = self.terminated | self.time_outs
+        if self.keep_final_observations and self.any_world(dones):
+            # The state each ended episode ended in, before its reset: what a time-out bootstraps from.
+            self.extras["final_observations"] = self.observation_manager.compute()
         if self.any_world(dones):
             self._reset(dones)
         else:  # nothing starts: only the commands whose time is up draw
