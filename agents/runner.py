@@ -171,7 +171,7 @@ class Runner:
         self.log_dir = Path(log_dir) if log_dir else None
         self._stop = threading.Event()  # set by a stop request (and, async, by a worker's error)
         self.stop_requests = StopRequests(self._stop)
-        self.ppo = build_ppo(env, cfg, device, RolloutBuffer(env, cfg.num_steps_per_env, device, self._stop), group)
+        self._build_learner()
         self.update_threads = UpdateThreads(cfg, device)
         self.iteration = 0  # number of completed iterations (= policy version)
         world = group.world_size if group else 1
@@ -185,6 +185,16 @@ class Runner:
         self._episodes_under_way = False  # spread by the first learn(), or restored by load()
         # f(runner, iteration), called on the main thread after each iteration (e.g. task.record).
         self.on_iteration: list = []
+
+    def _build_learner(self) -> None:
+        self.ppo = build_ppo(self.env, self.cfg, self.device,
+                             RolloutBuffer(self.env, self.cfg.num_steps_per_env, self.device, self._stop), self.group)
+
+    @property
+    def policy(self):
+        """The actor that acts (an rsl-rl model: ``policy(obs)`` is its deterministic action), as
+        play, eval and export run it."""
+        return self.ppo.get_policy()
 
     @property
     def mean_episode_return(self) -> float:
@@ -204,11 +214,10 @@ class Runner:
         episodes in progress with the acting policy's memory (a recurrent policy's hidden states),
         where the env has them: from a checkpoint between iterations, a sync run on the CPU resumes
         bit for bit."""
-        env, acting = self.env, self._acting_ppo
+        env = self.env
         episode = None
         if hasattr(env, "episode_state"):
-            memory = {name: clone_tree(model.get_hidden_state()) for name, model in
-                      (("actor", acting.actor), ("critic", acting.critic))}
+            memory = {name: clone_tree(model.get_hidden_state()) for name, model in self._memory_models().items()}
             episode = {"num_envs": env.num_envs, "env": env.episode_state(), "memory": memory}
         return {"rng": rng_states(env), "state": clone_tree(env.state_dict()) if hasattr(env, "state_dict") else None,
                 "episode": episode}
@@ -218,9 +227,20 @@ class Runner:
         """The PPO whose policy steps the env (async: the actor thread's)."""
         return self.ppo
 
+    def _memory_models(self) -> dict:
+        """The acting models whose memory (a recurrent hidden state) an episode carries, by name."""
+        return {"actor": self._acting_ppo.actor, "critic": self._acting_ppo.critic}
+
+    def _policy_state(self) -> dict:
+        """Everything learned, live (a checkpoint's ``policy``)."""
+        return policy_state(self.ppo)
+
+    def _load_policy_state(self, state: dict) -> None:
+        load_policy_state(self.ppo, state)
+
     def _snapshot(self) -> dict:
         """What a checkpoint holds, taken from the live learner (between updates)."""
-        return self._checkpoint(policy_state(self.ppo), self.iteration, self._env_state())
+        return self._checkpoint(self._policy_state(), self.iteration, self._env_state())
 
     @staticmethod
     def _checkpoint(policy: dict, iteration: int, env_state: dict, torch_rng: torch.Tensor | None = None) -> dict:
@@ -257,7 +277,7 @@ class Runner:
         its own)."""
         checkpoint = checkpoint if checkpoint is not None else load_checkpoint(path)
         try:
-            load_policy_state(self.ppo, checkpoint["policy"])
+            self._load_policy_state(checkpoint["policy"])
         except (RuntimeError, KeyError) as e:
             raise CheckpointError(f"{path} does not fit this task/agent config: {e}") from e
         self.iteration = checkpoint["iteration"]
@@ -285,7 +305,7 @@ class Runner:
             print(f"[legion] note: {path}: its episodes in progress are not restored ({e}); every env starts a "
                   "new episode.", flush=True)
             return
-        for name, model in (("actor", self._acting_ppo.actor), ("critic", self._acting_ppo.critic)):
+        for name, model in self._memory_models().items():
             hidden = episode["memory"][name]
             if hidden is not None:
                 model.reset(hidden_state=clone_tree(hidden))
@@ -344,18 +364,22 @@ class Runner:
             return
         self._nonfinite_updates += 1
         count, limit, it = self._nonfinite_updates, self.cfg.max_nonfinite_updates, report["iteration"]
-        print(f"[legion] warning: iteration {it}: the PPO update made {', '.join(bad)} NaN/Inf; it was skipped and the "
+        print(f"[legion] warning: iteration {it}: the {self.cfg.learner.upper()} update made {', '.join(bad)} NaN/Inf; "
+              "it was skipped and the "
               f"weights from before it restored ({count} in a row; {limit} stop training: "
               "agent.max_nonfinite_updates).", flush=True)
         if count < limit:
             return
         saved = f"saved in {self.save()}" if self.log_dir is not None else "kept in memory (no run folder)"
-        algorithm = self.cfg.algorithm
+        algorithm, off = self.cfg.algorithm, self.cfg.off_policy
+        rates = (f"agent.algorithm.learning_rate={algorithm.learning_rate:g}, schedule={algorithm.schedule}, "
+                 f"max_grad_norm={algorithm.max_grad_norm:g}" if self.cfg.learner == "ppo" else
+                 f"agent.off_policy.actor_learning_rate={off.actor_learning_rate:g}, critic_learning_rate="
+                 f"{off.critic_learning_rate:g}, max_grad_norm={off.max_grad_norm:g}")
         raise TrainingDiverged(
-            f"training diverged: the PPO update made {', '.join(bad)} NaN/Inf in {count} iterations in a row "
-            f"({it - count + 1}-{it}); stopped. The last good weights are {saved}. Likely causes: a learning rate "
-            f"too high (agent.algorithm.learning_rate={algorithm.learning_rate:g}, schedule={algorithm.schedule}, "
-            f"max_grad_norm={algorithm.max_grad_norm:g}); rewards too large (task.rewards weights: returns of "
+            f"training diverged: the {self.cfg.learner.upper()} update made {', '.join(bad)} NaN/Inf in {count} "
+            f"iterations in a row ({it - count + 1}-{it}); stopped. The last good weights are {saved}. Likely causes: "
+            f"a learning rate too high ({rates}); rewards too large (task.rewards weights: returns of "
             "thousands make the value loss explode); observations too large or unscaled (task.observations scale "
             "and clip, agent.actor.obs_normalization / agent.critic.obs_normalization); or NaN in the physics "
             "state feeding the rollout.")

@@ -185,7 +185,7 @@ class TrainingLog:
         elapsed = time.time() - self.start_time
         perf = {
             "env_steps_per_s": self.samples / report["wall_s"],
-            "learner_samples_per_s": self.samples / report["learn_s"],
+            "learner_samples_per_s": self.samples / report["learn_s"] if report["learn_s"] else 0.0,
             "collection_time_s": report["collect_s"],
             "learning_time_s": report["learn_s"],
             "loop_latency_ms": report["latency_mean_ms"],

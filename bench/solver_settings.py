@@ -103,7 +103,7 @@ def main():
     learning, policy, task = [], None, "quadruped_flat"
     if args.run:
         loaded = load_run(args.run, num_envs=1)
-        policy, task = loaded.runner.ppo.get_policy().eval(), loaded.cfg.task.name
+        policy, task = loaded.runner.policy.eval(), loaded.cfg.task.name
         config = lambda s: load_run_config(args.run, [f"sim.num_envs={args.num_envs}", f"seed={args.seed}",  # noqa: E731
                                                       *overrides(s)])
     else:
@@ -111,7 +111,7 @@ def main():
             row, runner = train(args.settings[index], args.train_envs, args.train_iterations, args.seed)
             learning.append(row)
             if policy is None:
-                policy = runner.ppo.get_policy().eval()
+                policy = runner.policy.eval()
         config = lambda s: compose(f"task={task}", f"sim.num_envs={args.num_envs}", f"seed={args.seed}",  # noqa: E731
                                    *overrides(s))
     envs = {s: make_env(config(s)) for s in args.settings}

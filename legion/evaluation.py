@@ -107,7 +107,7 @@ def rollout(loaded: LoadedRun, steps: int, observe) -> None:
     import torch
 
     env = loaded.env
-    policy = loaded.runner.ppo.get_policy()
+    policy = loaded.runner.policy
     policy.eval()
     with torch.inference_mode():
         policy.reset()
@@ -281,7 +281,7 @@ def goals(loaded: LoadedRun, options: Options) -> dict:
                          "to measure. Add a success section to its config (see configs/task/arm_reach.yaml).")
     if not isinstance(command, PositionCommand):
         raise ValueError(f"task {loaded.cfg.task.name} has no position or pose command: no goal to measure.")
-    policy = loaded.runner.ppo.get_policy()
+    policy = loaded.runner.policy
     policy.eval()
     records: list[dict] = []
     # Each world counts as many episodes: counting the first to end would over-count worlds whose

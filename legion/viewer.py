@@ -232,7 +232,7 @@ def watch_policy(loaded, host: str = "127.0.0.1", port: int = 8080, steps: int |
     from legion.agents.checkpoints import CheckpointError, latest_good_checkpoint
 
     env = loaded.env
-    policy = loaded.runner.ppo.get_policy()
+    policy = loaded.runner.policy
     policy.eval()
 
     def reload() -> str:

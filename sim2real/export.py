@@ -406,7 +406,7 @@ def export_run(run: Path, checkpoint=None, out_dir: Path | None = None, steps: i
     from legion.api import load_run
 
     loaded = loaded or load_run(run, checkpoint, overrides)
-    actor = loaded.runner.ppo.get_policy()
+    actor = loaded.runner.policy
     actor.eval()
     metadata = build_metadata(loaded, actor)
     observations = sample_observations(loaded.env, actor, steps)

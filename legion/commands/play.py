@@ -73,7 +73,7 @@ def play(loaded: LoadedRun, episodes: int) -> Iterator[dict]:
     import torch
 
     env = loaded.env
-    policy = loaded.runner.ppo.get_policy()
+    policy = loaded.runner.policy
     policy.eval()
     obs = env.get_observations()
     returns = torch.zeros(env.num_envs, device=env.device)

@@ -264,7 +264,7 @@ def record_run(run: Path, episodes: int, out: Path | None = None, video_dir: Pat
     if video_dir is not None and Path(video_dir).exists() and any(Path(video_dir).iterdir()) and not overwrite:
         refuse_existing(Path(video_dir), overwrite, "video folder")
     loaded = loaded or load_run(run, checkpoint, overrides, num_envs=min(episodes, 16))
-    policy = loaded.runner.ppo.get_policy()
+    policy = loaded.runner.policy
     policy.eval()
     attrs = file_attrs(loaded.cfg, loaded.env, checkpoint=loaded.checkpoint) if out is not None else {}
     write_episodes(loaded.cfg, loaded.env, policy, episodes, out, attrs, video_dir, overwrite, on_episode, size)
@@ -383,8 +383,7 @@ class TrainingVideo:
     def __init__(self, run_dir: Path, cfg: Train, make_env: Callable[[Train], LegionEnv]):
         import dataclasses
 
-        from legion.agents.runner import Runner
-        from legion.api import seed_everything
+        from legion.api import make_runner, seed_everything
         from legion.sim2real.trajectories import media
 
         video = cfg.agent.video
@@ -402,16 +401,16 @@ class TrainingVideo:
             seed_everything(cfg.seed)
             self.env = make_env(self.cfg)
         self.env.noise_enabled = False
-        self.runner = Runner(self.env, self.cfg.agent, log_dir=None, device=self.cfg.device)
+        agent = dataclasses.replace(self.cfg.agent, mode="sync")  # only its policy acts here
+        self.policy = make_runner(self.env, agent, log_dir=None, device=self.cfg.device).policy
 
     def __call__(self, runner, iteration: int) -> None:
-        from legion.agents.ppo import load_weights, policy_state
         from legion.sim2real.trajectories import media
 
         if self.every is None or iteration % self.every:
             return
-        load_weights(self.runner.ppo, policy_state(runner.ppo), critic=False)
-        policy = self.runner.ppo.get_policy()
+        policy = self.policy
+        policy.load_state_dict(runner.policy.state_dict())  # the training's actor and its normalizer
         policy.eval()
         with _generators_kept(self.cfg.device):
             episode = next(record(self.env, policy, 1))
