@@ -1,8 +1,9 @@
-"""The one place that touches rsl-rl's API: PPO, its models, normalizers and storage.
+"""Where PPO touches rsl-rl's API: PPO, its models, normalizers and storage.
 
 rsl-rl 5.5 is the PPO core (GAE, clipped surrogate and value losses, adaptive learning rate,
 empirical observation normalization). Everything here maps legion's ``agent`` config onto it,
-so an rsl-rl upgrade changes this module only.
+so an rsl-rl upgrade changes this module (and :mod:`legion.agents.off_policy`, which builds SAC
+and TD3 on rsl-rl's models, MLPs, normalizer and output distributions).
 
 What rsl-rl lacks for asynchronous PPO is here too: a second "behaviour" PPO that the actor
 thread acts with, a rollout buffer that remembers which policy version made each step, and

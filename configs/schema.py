@@ -426,11 +426,58 @@ class Symmetry:
 
 
 @dataclass
+class OffPolicy:
+    """``agent.learner=sac | td3``: off-policy learning from a replay buffer (agents/off_policy.py),
+    in the style of FastTD3 / FastSAC (Seo et al. 2025): many parallel envs, large batches, clipped
+    double-Q, observation normalization. ``agent.actor``/``agent.critic`` size the networks."""
+
+    buffer_size: int = 1000  # transitions kept per env (a ring; the oldest go first)
+    max_buffer_gb: float = 8.0  # the buffer's memory may not exceed this (it says what it needs)
+    batch_size: int = 4096  # transitions per gradient step
+    update_to_data: int = 2  # gradient steps per env step (of all envs at once)
+    learning_starts: int = 10  # env steps (of all envs) before the first gradient step
+    gamma: float = 0.99
+    n_step: int = 3  # n-step returns (cut at episode ends and at the newest step in the buffer)
+    tau: float = 0.1  # target networks: target += tau * (online - target) after each critic step
+    actor_learning_rate: float = 3.0e-4
+    critic_learning_rate: float = 3.0e-4
+    weight_decay: float = 0.0  # AdamW's
+    max_grad_norm: float = 0.0  # 0: no clipping
+    action_bound: float = 1.0  # the actor's actions are action_bound * tanh(.), exported so
+    policy_delay: int = 2  # the actor learns every N critic steps (TD3's delay; SAC's too)
+    # td3: each env explores with Gaussian noise of its own std, drawn in this range at its resets
+    # (FastTD3's mixed noise: some envs nearly greedy, some exploring) [x action_bound]
+    exploration_noise: list[float] = field(default_factory=lambda: [0.01, 0.4])
+    target_noise: float = 0.2  # td3: target policy smoothing noise [x action_bound] ...
+    target_noise_clip: float = 0.5  # ... clipped to this
+    init_alpha: float = 0.1  # sac: the entropy temperature's start, then tuned to ...
+    target_entropy: Optional[float] = None  # ... this entropy (null: -number of actions)
+    # Prioritized replay (Schaul et al. 2016): sampling proportional to |TD error| ** priority_alpha,
+    # importance weights (N P(i)) ** -priority_beta normalized by their largest
+    prioritized: bool = False
+    priority_alpha: float = 0.6
+    priority_beta: float = 0.4
+    # A distributional critic (C51, Bellemare et al. 2017, as FastTD3's): returns on num_atoms atoms
+    # in [v_min, v_max] (set them to cover the task's discounted returns)
+    distributional: bool = False
+    num_atoms: int = 101
+    v_min: float = -10.0
+    v_max: float = 10.0
+    checkpoint_buffer: bool = False  # checkpoints also hold the buffer (a resume continues it exactly)
+    # agent.mode=async: the actor waits when the learner is more than this many env steps' worth of
+    # updates behind (0: acting and learning alternate, as sync, on two threads)
+    max_lag_steps: int = 2
+
+
+@dataclass
 class Agent:
     # sync: collect, then update | async: collect rollout k+1 while updating on k | bc: behaviour
     # cloning of agent.imitation.demos | dagger: the same, plus the expert's labels of the states
     # the student visits (both train the PPO's actor: their checkpoints start PPO, agent.init_from)
     mode: str = "sync"
+    # ppo (rsl-rl's, on-policy) | sac | td3 (off-policy, from a replay buffer: agent.off_policy)
+    learner: str = "ppo"
+    off_policy: OffPolicy = field(default_factory=OffPolicy)
     max_policy_lag: int = 1  # async: samples at most this many updates old (0: equals sync)
     vtrace: VTrace = field(default_factory=VTrace)
     max_iterations: Optional[int] = 1500  # null: until stopped

@@ -107,6 +107,7 @@ def validate(cfg: schema.Train) -> None:
         problems.append(f"agent.max_policy_lag={agent.max_policy_lag}: must be >= 0")
     if agent.mode not in ("sync", "async", "bc", "dagger"):
         problems.append(f"agent.mode={agent.mode}: choose sync, async, bc or dagger")
+    problems += off_policy_problems(agent)
     if agent.mode == "bc" and not agent.imitation.demos:
         problems.append("agent.mode=bc: name the demonstrations, agent.imitation.demos=[demos.h5]")
     if agent.mode == "dagger" and not agent.imitation.expert:
@@ -130,6 +131,43 @@ def validate(cfg: schema.Train) -> None:
         raise ConfigError("\n".join(problems))
 
 
+def off_policy_problems(agent: schema.Agent) -> list[str]:
+    """What an off-policy learner (``agent.learner=sac | td3``) cannot run with, one line each."""
+    if agent.learner == "ppo":
+        return []
+    if agent.learner not in ("sac", "td3"):
+        return [f"agent.learner={agent.learner}: choose ppo, sac or td3"]
+    off, learner = agent.off_policy, agent.learner
+    problems = []
+    if agent.mode not in ("sync", "async"):
+        problems.append(f"agent.mode={agent.mode}: agent.learner={learner} trains with agent.mode=sync (acting and "
+                        "learning in turn) or async (an actor and a learner thread)")
+    if off.max_lag_steps < 0:
+        problems.append(f"agent.off_policy.max_lag_steps={off.max_lag_steps}: must be >= 0")
+    if agent.actor.rnn.type or agent.critic.rnn.type or agent.actor.estimator.target:
+        problems.append(f"agent.learner={learner} takes feed-forward networks: drop agent.actor.rnn / agent.critic.rnn "
+                        "/ agent.actor.estimator")
+    if agent.symmetry.augmentation or agent.symmetry.mirror_loss:
+        problems.append(f"agent.symmetry is PPO's (rsl-rl's extension); agent.learner={learner} takes none")
+    if agent.init_from is not None:
+        problems.append(f"agent.init_from starts PPO from a checkpoint; agent.learner={learner} starts from scratch")
+    positive = {"buffer_size": off.buffer_size, "batch_size": off.batch_size, "update_to_data": off.update_to_data,
+                "n_step": off.n_step, "policy_delay": off.policy_delay, "action_bound": off.action_bound,
+                "actor_learning_rate": off.actor_learning_rate, "critic_learning_rate": off.critic_learning_rate,
+                "init_alpha": off.init_alpha, "max_buffer_gb": off.max_buffer_gb}
+    problems += [f"agent.off_policy.{key}={value}: must be > 0" for key, value in positive.items() if not value > 0]
+    for key, value in (("gamma", off.gamma), ("tau", off.tau)):
+        if not 0 < value <= 1:
+            problems.append(f"agent.off_policy.{key}={value}: must be in (0, 1]")
+    if len(off.exploration_noise) != 2 or not 0 <= off.exploration_noise[0] <= off.exploration_noise[1]:
+        problems.append(f"agent.off_policy.exploration_noise={list(off.exploration_noise)}: give [low, high] with "
+                        "0 <= low <= high")
+    if off.distributional and not (off.num_atoms >= 2 and off.v_min < off.v_max):
+        problems.append(f"agent.off_policy: a distributional critic needs num_atoms >= 2 and v_min < v_max (got "
+                        f"{off.num_atoms}, [{off.v_min:g}, {off.v_max:g}])")
+    return problems
+
+
 # --- envs, runners, runs -----------------------------------------------------------------------------
 def make_env(cfg: schema.Train) -> LegionEnv:
     """The task's env from a composed config."""
@@ -145,7 +183,12 @@ def make_runner(env: LegionEnv, agent: schema.Agent, log_dir: str | Path | None 
                 group: Group | None = None, **imitation) -> Runner:
     """The runner for ``agent.mode``: ``sync`` (collect, then update), ``async`` (overlapped), ``bc``
     or ``dagger`` (given ``imitation``: :func:`legion.sim2real.trajectories.demos.imitation_inputs`);
-    ``group``: this rank's :class:`~legion.agents.distributed.Group` in a multi-process run."""
+    ``group``: this rank's :class:`~legion.agents.distributed.Group` in a multi-process run. With
+    ``agent.learner=sac | td3``, the off-policy runner (:mod:`legion.agents.off_policy`)."""
+    if agent.learner != "ppo":
+        from legion.agents.off_policy import OffPolicyRunner
+
+        return OffPolicyRunner(env, agent, log_dir, device, group)
     if agent.mode == "sync":
         from legion.agents.runner import Runner
 
@@ -178,10 +221,10 @@ def with_policy(run: str | Path, cfg: schema.Train, env: LegionEnv, checkpoint: 
     """``env`` (observation noise turned off) with the policy of ``checkpoint`` (``contents``: the
     checkpoint already read) in a runner that logs and saves nothing."""
     from legion.agents.checkpoints import CheckpointError
-    from legion.agents.runner import Runner
 
     env.noise_enabled = False
-    runner = Runner(env, cfg.agent, log_dir=None, device=cfg.device)
+    agent = dataclasses.replace(cfg.agent, mode="sync")  # the policy acts here; nothing trains
+    runner = make_runner(env, agent, log_dir=None, device=cfg.device)
     try:
         runner.load(checkpoint, contents, episodes=False)  # its user starts the episodes it runs
     except CheckpointError as e:

@@ -103,7 +103,11 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
         setup_process()
         ranks = f" x {group.world_size} ranks ({group.backend})" if group else ""
         learner = cfg.agent.mode
-        if cfg.agent.mode in ("sync", "async"):
+        if cfg.agent.learner != "ppo":
+            off = cfg.agent.off_policy
+            learner = (f"{cfg.agent.learner.upper()} (replay {off.buffer_size} steps per env, batch {off.batch_size}, "
+                       f"{off.update_to_data} updates per step)")
+        elif cfg.agent.mode in ("sync", "async"):
             learner = f"{cfg.agent.mode} PPO (update in {update_precision(cfg.agent, cfg.device)})"
         iterations = "until stopped" if cfg.agent.max_iterations is None else f"{cfg.agent.max_iterations} iterations"
         say(f"[legion] task {cfg.task.name}, {cfg.sim.num_envs} envs{ranks} on {cfg.device}, {iterations}, "
@@ -145,8 +149,8 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
         if resume:
             assert path is not None and contents is not None  # read above (rank 0) or broadcast
             runner.load(path, contents)
-            say(f"[legion] resumed from {path} at iteration {runner.iteration} "
-                f"(learning rate {runner.ppo.learning_rate:.3g})", flush=True)
+            rate = f" (learning rate {runner.ppo.learning_rate:.3g})" if cfg.agent.learner == "ppo" else ""
+            say(f"[legion] resumed from {path} at iteration {runner.iteration}{rate}", flush=True)
         try:
             runner.learn(cfg.agent.max_iterations)
         except Interrupted as e:

@@ -1,0 +1,302 @@
+"""Off-policy learners (SAC, TD3) and their replay buffer: priorities, n-step targets, the state a
+time-out bootstraps from, learning, checkpoints that resume exactly, export with the squashing."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from tensordict import TensorDict
+
+from conftest import compose, legion_in_process, make_runner
+from legion import api
+from legion.agents.off_policy import OffPolicyLearner
+from legion.agents.replay import BufferTooLarge, ReplayBuffer
+from legion.configs import ConfigError
+
+SMALL = ("task=cartpole", "sim.num_envs=16", "agent.num_steps_per_env=8", "agent.off_policy.batch_size=64",
+         "agent.off_policy.learning_starts=2")
+
+
+def one_step(num_envs: int, value) -> TensorDict:
+    return TensorDict({"policy": torch.full((num_envs, 1), float(value)) if np.isscalar(value) else value},
+                      batch_size=[num_envs])
+
+
+@pytest.mark.parametrize("draw", [0, 1, 2])
+def test_prioritized_sampling_follows_the_priorities_with_their_importance_weights(draw):
+    """200,000 draws over 48 stored steps with priorities spread over two decades: the counts fit
+    p ** alpha (chi-square p-value above 1e-4: a correct sampler fails 1 in 10,000 seeds), and each
+    weight is (N P(i)) ** -beta over the batch's largest."""
+    generator = torch.Generator().manual_seed(draw)
+    buffer = ReplayBuffer(one_step(4, 0.0), 1, capacity=16, device="cpu", prioritized=True, alpha=0.6, beta=0.4)
+    for t in range(12):  # 12 of 16 slots filled: the empty ones are never drawn
+        buffer.add(one_step(4, t), torch.zeros(4, 1), torch.zeros(4), one_step(4, t + 1),
+                   torch.zeros(4, dtype=torch.bool), torch.zeros(4, dtype=torch.bool))
+    priorities = 10 ** torch.empty(12, 4).uniform_(-1, 1, generator=generator)
+    buffer.priorities[:12] = priorities
+    expected = (priorities.flatten() ** 0.6) / (priorities.flatten() ** 0.6).sum()
+    counts = torch.zeros(48)
+    for _ in range(20):
+        batch = buffer.sample(10_000, generator=generator)
+        flat = batch.slot * 4 + batch.env
+        counts += torch.bincount(flat, minlength=48)[:48]
+        assert int(batch.slot.max()) < 12
+        p = expected[flat]
+        weights = (48 * p) ** -0.4
+        assert torch.allclose(batch.weights, weights / weights.max(), rtol=1e-5)
+    assert counts.sum() == 200_000
+    chi2 = stats.chisquare(counts.numpy(), (expected * 200_000).numpy())
+    assert chi2.pvalue > 1e-4, chi2
+
+
+def test_new_priorities_change_what_is_sampled():
+    buffer = ReplayBuffer(one_step(2, 0.0), 1, capacity=4, device="cpu", prioritized=True, alpha=1.0)
+    for t in range(4):
+        buffer.add(one_step(2, t), torch.zeros(2, 1), torch.zeros(2), one_step(2, t + 1),
+                   torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool))
+    batch = buffer.gather(torch.tensor([0, 1]), torch.tensor([2, 3]))
+    buffer.priorities.fill_(1e-9)
+    buffer.update_priorities(batch, torch.tensor([5.0, -5.0]))  # |error|
+    drawn = buffer.sample(1000, generator=torch.Generator().manual_seed(0))
+    assert set(zip(drawn.env.tolist(), drawn.slot.tolist())) == {(0, 2), (1, 3)}
+    assert buffer.max_priority == pytest.approx(5.0)
+
+
+def reference_targets(rewards, terminated, time_outs, newest: int, gamma: float, n: int):
+    """The n-step target's parts for every step t of one env, the slow way: (return, bootstrap
+    step, discount)."""
+    out = []
+    for t in range(newest + 1):
+        ret, k = 0.0, 0
+        while True:
+            ret += gamma ** k * rewards[t + k]
+            if terminated[t + k] or time_outs[t + k] or k == n - 1 or t + k == newest:
+                break
+            k += 1
+        out.append((ret, t + k, 0.0 if terminated[t + k] else gamma ** (k + 1)))
+    return out
+
+
+def test_n_step_targets_are_exact_on_hand_built_episodes():
+    """Two envs, 7 steps: env 0 terminates at step 2 and times out at step 5, env 1 times out at
+    step 1 and terminates at step 6 (the newest). Each step's return sums its episode's rewards up
+    to n = 3 steps; the bootstrap comes from the next observation of the step it stops at, zero
+    after a termination, gamma ** k after a time-out (its episode was cut, not over)."""
+    gamma, n = 0.9, 3
+    rewards = torch.tensor([[1.0, 2, 3, 4, 5, 6, 7], [10, 20, 30, 40, 50, 60, 70]])
+    terminated = torch.zeros(2, 7, dtype=torch.bool)
+    time_outs = torch.zeros(2, 7, dtype=torch.bool)
+    terminated[0, 2] = time_outs[0, 5] = time_outs[1, 1] = terminated[1, 6] = True
+    buffer = ReplayBuffer(one_step(2, 0.0), 1, capacity=8, device="cpu", gamma=gamma, n_step=n)
+    for t in range(7):
+        # next observations: 100 + the step (+ 1000 for env 1), whatever ended there
+        next_obs = torch.tensor([[100.0 + t], [1100.0 + t]])
+        buffer.add(one_step(2, t), torch.full((2, 1), float(t)), rewards[:, t], one_step(2, next_obs),
+                   terminated[:, t], time_outs[:, t])
+    for env in range(2):
+        expected = reference_targets(rewards[env].tolist(), terminated[env].tolist(), time_outs[env].tolist(), 6,
+                                     gamma, n)
+        batch = buffer.gather(torch.full((7,), env), torch.arange(7))
+        assert batch.actions[:, 0].tolist() == list(range(7))
+        for t, (ret, last, discount) in enumerate(expected):
+            assert batch.returns[t].item() == pytest.approx(ret, rel=1e-6), (env, t)
+            assert batch.next_obs["policy"][t, 0].item() == 100 + last + 1000 * env, (env, t)
+            assert batch.discounts[t].item() == pytest.approx(discount, rel=1e-6), (env, t)
+    # a wrapped ring: 3 slots, 5 steps added: the oldest kept is step 2, and step 4's target stops at itself
+    ring = ReplayBuffer(one_step(1, 0.0), 1, capacity=3, device="cpu", gamma=gamma, n_step=n)
+    for t in range(5):
+        ring.add(one_step(1, t), torch.zeros(1, 1), torch.tensor([float(t)]), one_step(1, 100.0 + t),
+                 torch.zeros(1, dtype=torch.bool), torch.zeros(1, dtype=torch.bool))
+    batch = ring.gather(torch.zeros(3, dtype=torch.long), torch.arange(3))  # slots hold steps 3, 4, 2
+    assert batch.obs["policy"][:, 0].tolist() == [3.0, 4.0, 2.0]
+    assert batch.returns.tolist() == pytest.approx([3 + 0.9 * 4, 4, 2 + 0.9 * 3 + 0.81 * 4])
+    assert batch.next_obs["policy"][:, 0].tolist() == [104.0, 104.0, 104.0]
+
+
+def test_time_outs_bootstrap_from_the_state_their_episode_ended_in_on_a_real_env():
+    """Cart-pole with 0.3 s episodes, falling past 0.15 rad, trained by TD3 for 24 steps: wherever an episode ended, the
+    buffer's next observation is the state it ended in (read right after the physics, before the
+    reset), not the next episode's first; elsewhere it is the next step's observation. Time-outs
+    bootstrap (discount gamma), terminations do not (0)."""
+    runner = make_runner(*SMALL, "agent=td3", "task.episode_length_s=0.3", "agent.off_policy.n_step=1",
+                         "agent.num_steps_per_env=24", "task.terminations.pole_fell.params.limit=0.15")
+    env, gamma = runner.env, runner.cfg.off_policy.gamma
+    before_reset = []
+    env.after_physics.append(lambda env: before_reset.append(env.observation_manager.compute()["policy"].clone()))
+    runner.learn(1)
+    buffer = runner.buffer
+    ended = buffer.terminated[:24] | buffer.time_outs[:24]
+    assert buffer.time_outs[:24].sum() >= 4 and buffer.terminated[:24].sum() >= 4  # both kinds happened
+    for t in range(24):
+        rows = ended[t]
+        assert torch.equal(buffer.next_obs["policy"][t][rows], before_reset[t][rows])
+        if t < 23:
+            assert torch.equal(buffer.next_obs["policy"][t][~rows], buffer.obs["policy"][t + 1][~rows])
+            assert not torch.equal(buffer.obs["policy"][t + 1][rows], before_reset[t][rows]) or not rows.any()
+    envs, slots = torch.meshgrid(torch.arange(16), torch.arange(24), indexing="xy")
+    batch = buffer.gather(envs.flatten(), slots.flatten())
+    flags = (buffer.terminated[:24].flatten(), buffer.time_outs[:24].flatten())
+    assert torch.all(batch.discounts[flags[0]] == 0)
+    assert torch.allclose(batch.discounts[flags[1]], torch.tensor(gamma))
+
+
+def test_an_env_without_the_flag_computes_no_final_observations():
+    runner = make_runner(*SMALL, "task.episode_length_s=0.1")
+    env = runner.env
+    for _ in range(10):
+        _, _, dones, extras = env.step(torch.zeros(env.num_envs, env.num_actions))
+        assert "final_observations" not in extras
+    assert dones.any()
+
+
+@pytest.mark.parametrize("learner", ["sac", "td3"])
+def test_off_policy_learners_learn_cartpole(learner, seed, learned):
+    """Cart-pole, 64 envs, 30 iterations of 16 steps (30,720 env steps): the mean episode length
+    rises. Over training seeds 0-9 it grew 4.2-6.0 times with SAC (mean 5.3, sd 0.6), 3.9-7.2 with
+    TD3 (mean 5.1, sd 1.2); the bounds, 3 and 2.2, lie 3.8 and 2.4 sd below the means."""
+    runner = make_runner("task=cartpole", f"agent={learner}", f"seed={seed}", "sim.num_envs=64",
+                         "agent.num_steps_per_env=16")
+    runner.learn(2)
+    start = runner.mean_episode_length
+    runner.learn(30)
+    print(f"{learner}: episode length {start:.1f} -> {runner.mean_episode_length:.1f}")
+    learned(length_ratio=(runner.mean_episode_length / start, {"sac": 3.0, "td3": 2.2}[learner]))
+
+
+def test_a_distributional_critic_projects_returns_onto_its_atoms():
+    """C51's projection keeps the probability mass, moves a distribution by a whole number of atom
+    spacings exactly, puts the mean where the shifted support's is (inside the range), and piles
+    what falls outside the range on the end atoms."""
+    cfg = compose("task=cartpole", "agent=sac", "agent.off_policy.distributional=true",
+                  "agent.off_policy.num_atoms=11", "agent.off_policy.v_min=-5", "agent.off_policy.v_max=5")
+    obs = one_step(3, 0.0)
+    obs["policy"] = torch.zeros(3, 4)
+    learner = OffPolicyLearner(obs, 1, 3, cfg.agent, "cpu")
+    atoms = learner.atoms  # -5..5, spacing 1
+    probabilities = torch.softmax(torch.randn(3, 11, generator=torch.Generator().manual_seed(0)), -1)
+    shifted = learner._project(probabilities, atoms + torch.tensor([[2.0], [0.5], [-20.0]]))
+    assert torch.allclose(shifted.sum(-1), torch.ones(3))
+    assert torch.allclose(shifted[0, 2:-1], probabilities[0, :-3])  # two atoms up ...
+    assert shifted[0, -1] == pytest.approx(float(probabilities[0, -3:].sum()))  # ... the top three on the last
+    assert (shifted[1] * atoms).sum() == pytest.approx(float((probabilities[1] * (atoms + 0.5).clamp(-5, 5)).sum()))
+    assert shifted[2, 0] == pytest.approx(1.0)
+
+
+def test_a_distributional_prioritized_sac_trains_without_non_finite_numbers():
+    runner = make_runner(*SMALL, "agent=sac", "agent.off_policy.distributional=true", "agent.off_policy.v_min=-2",
+                         "agent.off_policy.v_max=60", "agent.off_policy.prioritized=true")
+    runner.learn(4)
+    report = runner.history[-1]
+    assert runner.iteration == 4 and np.isfinite(report["mean_reward"])
+    assert float(runner.buffer.priorities[:runner.buffer.size].std()) > 0  # the TD errors set them
+
+
+def test_off_policy_checkpoints_resume_bit_for_bit(tmp_path):
+    """TD3 with the buffer in its checkpoints: 2 iterations, a checkpoint, a new process's runner
+    resuming from it for 2 more, equals 4 iterations straight (actor, critics, buffer)."""
+    overrides = (*SMALL, "agent=td3", "agent.off_policy.checkpoint_buffer=true")
+    straight = make_runner(*overrides)
+    straight.learn(4)
+    first = make_runner(*overrides, log_dir=tmp_path)
+    first.learn(2)
+    resumed = make_runner(*overrides)
+    resumed.load(tmp_path / "model_2.pt")
+    assert resumed.iteration == 2 and resumed.env_steps == 16
+    resumed.learn(4)
+    for name, a in straight.learner.state_dict()["actor_state_dict"].items():
+        assert torch.equal(a, resumed.learner.state_dict()["actor_state_dict"][name]), name
+    for name, a in straight.learner.critic.state_dict().items():
+        assert torch.equal(a, resumed.learner.critic.state_dict()[name]), name
+    assert torch.equal(straight.buffer.rewards, resumed.buffer.rewards)
+
+
+def test_async_holds_the_update_to_data_ratio_both_ways_and_resumes(tmp_path):
+    """agent.mode=async (an actor and a learner thread), 3 updates per env step, at most 2 env
+    steps' worth of updates behind: no update runs before the env steps that allow it, the actor
+    never acts with the learner further behind, and at the end the learner has run exactly as
+    many updates as sync would. Its checkpoint resumes in sync mode."""
+    runner = make_runner(*SMALL, "agent=td3", "agent.mode=async", "agent.off_policy.update_to_data=3",
+                         "agent.off_policy.max_lag_steps=2", log_dir=tmp_path)
+    learner, behind, early = runner.learner, [], []
+    act, update = learner.act, learner.update
+
+    def checked_act(obs):
+        behind.append(runner._allowed_updates() - learner.updates)
+        return act(obs)
+
+    def checked_update(buffer):
+        early.append(learner.updates >= runner._allowed_updates())
+        time.sleep(0.002)  # a slow learner: the actor has to wait for it
+        return update(buffer)
+
+    learner.act, learner.update = checked_act, checked_update
+    runner.learn(3)
+    assert runner.env_steps == 24 and learner.updates == 3 * (24 - 2 + 1)
+    assert not any(early)
+    assert max(behind) <= 3 * 2 and max(behind) > 0  # the actor ran ahead, within the bound
+    assert runner.history[-1]["actor_wait_s"] > 0
+    resumed = make_runner(*SMALL, "agent=td3", "agent.off_policy.update_to_data=3")
+    resumed.load(tmp_path / "model_3.pt")
+    assert resumed.learner.updates == learner.updates
+    resumed.learn(4)
+    assert resumed.learner.updates == 3 * (32 - 2 + 1)
+
+
+def test_a_ppo_checkpoint_is_refused_by_an_off_policy_run_naming_both(tmp_path):
+    ppo = make_runner(*SMALL, log_dir=tmp_path)
+    ppo.learn(1)
+    sac = make_runner(*SMALL, "agent=sac")
+    with pytest.raises(Exception, match="agent.learner=ppo, this run is agent.learner=sac"):
+        sac.load(tmp_path / "model_1.pt")
+
+
+def test_off_policy_configs_it_cannot_run_are_refused_by_name():
+    with pytest.raises(ConfigError) as e:
+        api.validate(compose("task=cartpole", "agent=sac", "agent.mode=dagger", "agent.off_policy.gamma=1.5",
+                             "agent.actor.rnn.type=lstm", "agent.off_policy.exploration_noise=[0.5,0.1]"))
+    message = str(e.value)
+    for expected in ("agent.mode=dagger: agent.learner=sac trains with agent.mode=sync", "agent.off_policy.gamma=1.5",
+                     "feed-forward networks", "agent.off_policy.exploration_noise=[0.5, 0.1]"):
+        assert expected in message
+    with pytest.raises(ConfigError, match="agent.learner=ddpg: choose ppo, sac or td3"):
+        api.validate(compose("task=cartpole", "agent.learner=ddpg"))
+    # cart-pole: 4 + 4 observations, an action, a reward (fp32), two flags: 42 bytes per transition
+    with pytest.raises(BufferTooLarge, match=r"would need 67\.20 GB \(16 envs x 100000000 steps x 42 bytes per "
+                       r"transition\), over agent.off_policy.max_buffer_gb=8"):
+        make_runner(*SMALL, "agent=sac", "agent.off_policy.buffer_size=100000000").learn(1)
+
+
+def test_legion_train_td3_then_export_carries_the_squashing_into_onnx_and_the_runtime_runs_it(tmp_path):
+    """`legion train agent=td3` on the quadruped, `legion export`: the ONNX graph ends in tanh times
+    the action bound; the edge runtime's actions equal the trained actor's and stay in the bound;
+    `legion eval` measures it as it measures PPO's."""
+    import onnx
+
+    from legion.sim2real.deploy import OnnxPolicy
+
+    run = tmp_path / "run"
+    code, out, err = legion_in_process("train", "task=quadruped_flat", "agent=td3", "sim.num_envs=8",
+                                       "agent.max_iterations=2", "agent.num_steps_per_env=4",
+                                       "agent.off_policy.batch_size=64", "agent.off_policy.learning_starts=2",
+                                       "agent.off_policy.action_bound=2.5", f"hydra.run.dir={run}")
+    assert code == 0, err[-2000:]
+    assert "TD3 (replay 1000 steps per env, batch 64, 2 updates per step)" in out
+    assert "[it 2/2]" in out and "critic loss" in out
+    code, out, err = legion_in_process("export", f"run={run}")
+    assert code == 0, err[-2000:]
+    model = onnx.load(run / "exported" / "policy.onnx")
+    operators = [node.op_type for node in model.graph.node]
+    assert "Tanh" in operators and operators[-1] == "Mul"
+    loaded = api.load_run(run, num_envs=8)
+    obs = loaded.env.get_observations()
+    with torch.inference_mode():
+        expected = loaded.runner.policy(obs).numpy()
+    actions, _ = OnnxPolicy(run / "exported" / "policy.onnx")(obs["policy"].numpy())
+    assert np.abs(actions - expected).max() <= 1e-5
+    assert np.abs(actions).max() <= 2.5
+    code, out, err = legion_in_process("eval", f"run={run}", "envs=1", "duration_s=0.5", "settle_s=0.2",
+                                       'commands={"forward": [0.5, 0, 0]}')
+    assert code == 0, err[-2000:]
+    assert "forward" in out and (run / "eval" / "model_2.json").is_file()
