@@ -17,6 +17,7 @@ The run itself (config, checkpoints, TensorBoard) goes to runs/<task>/<date>_lea
 
     python bench/learning.py --task quadruped_flat --mode async --minutes 90 --eval-every 10 --num-envs 1024
     python bench/learning.py --task arm_reach --minutes 30 --eval-every 5
+    python bench/learning.py --mode td3 --minutes 30 --eval-every 3 --stop-at-goal   # off-policy: learning_<task>_td3
     python bench/learning.py --mode sync --minutes 12 --eval-every 0.7 --stop-at-goal --tag seed0 seed=0  # to walk
     python bench/learning.py --task biped_flat --minutes 2 --eval-every 1 sim.num_envs=256   # a quick check
     python bench/learning.py --task quadruped_flat --minutes 45 --eval-every 9 robot=go2   # learning_quadruped_flat_go2
@@ -134,8 +135,9 @@ def main():
     parser.add_argument("--task", default="quadruped_flat")
     parser.add_argument("--minutes", type=float, default=90.0, help="training wall-clock budget")
     parser.add_argument("--eval-every", type=float, default=10.0, help="minutes of training between evaluations")
-    parser.add_argument("--mode", default="async", choices=("sync", "async", "bc", "dagger"),
-                        help="PPO (sync, async) or learning from demonstrations (bc, dagger: agent.imitation.*)")
+    parser.add_argument("--mode", default="async", choices=("sync", "async", "bc", "dagger", "sac", "td3"),
+                        help="PPO (sync, async), learning from demonstrations (bc, dagger: agent.imitation.*) or an "
+                             "off-policy learner (sac, td3: agent=sac|td3, agent.off_policy.*)")
     parser.add_argument("--num-envs", type=int, default=None, help="training envs (default: the task's)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
     parser.add_argument("--envs-per-command", type=int, default=16, help="evaluation envs per command")
@@ -166,7 +168,7 @@ def main():
     # robot=go2, sim.backend=warp or --mode dagger: a record of its own (learning_quadruped_flat_go2, ..._warp)
     name = f"learning_{args.task}" + "".join(f"_{o.split('=', 1)[1]}" for o in args.overrides
                                               if o.startswith(("robot=", "sim.backend=")))
-    name += f"_{args.mode}" if args.mode in ("bc", "dagger") else ""  # learning_arm_lift_dagger
+    name += f"_{args.mode}" if args.mode in ("bc", "dagger", "sac", "td3") else ""  # learning_arm_lift_dagger
     name += f"_{args.tag}" if args.tag else ""
     record = RESULTS / f"{name}.json"
     changes: list[str] = []  # overrides a resumed run trains on with
@@ -187,7 +189,8 @@ def main():
             save_config(cfg, run_dir / "config.yaml")
     else:
         previous = None
-        overrides = [f"task={args.task}", f"agent.mode={args.mode}", f"device={args.device}",
+        learner = [f"agent={args.mode}"] if args.mode in ("sac", "td3") else [f"agent.mode={args.mode}"]
+        overrides = [f"task={args.task}", *learner, f"device={args.device}",
                      "agent.max_iterations=null", "agent.save_interval=1000000", "agent.save_every_minutes=null",
                      "agent.log_interval=10", *([f"sim.num_envs={args.num_envs}"] if args.num_envs else []),
                      *args.overrides]
@@ -226,7 +229,8 @@ def main():
     samples = cfg.agent.num_steps_per_env * cfg.sim.num_envs * args.nproc
     every = 60 * args.eval_every
     print(f"[learning] {args.task}, {cfg.sim.num_envs} envs{f' x {args.nproc} ranks' if group else ''}, "
-          f"{cfg.agent.mode}, {args.minutes:g} min of training, evaluation every {args.eval_every:g} min; "
+          f"{cfg.agent.mode if cfg.agent.learner == 'ppo' else cfg.agent.learner}, "
+          f"{args.minutes:g} min of training, evaluation every {args.eval_every:g} min; "
           f"run folder {run_dir}", flush=True)
 
     loaded, rows, evaluations, train_s, resumed_with = None, [], [], 0.0, []
@@ -285,7 +289,8 @@ def main():
     met = (confirmed[0] if confirmed else None) if args.stop_at_goal else next((r for r in rows if r["goal"]), None)
     goal = ({"success_rate_at_least": args.success_goal} if "success_rate" in rows[0] else
             {"forward_error_below": WALK_ERROR, "falls_below": WALK_FALLS})
-    result = {"task": args.task, "robot": cfg.task.scene.robot.file, "mode": cfg.agent.mode,
+    mode = cfg.agent.mode if cfg.agent.learner == "ppo" else cfg.agent.learner
+    result = {"task": args.task, "robot": cfg.task.scene.robot.file, "mode": mode,
               "num_envs": cfg.sim.num_envs, "ranks": args.nproc,
               "device": cfg.device, "budget_min": budget / 60, "eval": options.__dict__, "run": str(run_dir),
               "goal": goal, "goal_confirmed_by_next_evaluation": args.stop_at_goal,
