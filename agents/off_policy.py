@@ -395,6 +395,7 @@ class OffPolicyRunner(Runner):
         self._waits = {"actor_wait_s": 0.0, "learner_wait_s": 0.0, "learn_s": 0.0}
         self._error: BaseException | None = None
         self._published: dict | None = None  # async: the learner's newest actor weights, not yet acting
+        self._actor_waiting = False  # async: the actor waits for the learner (its core is the learner's)
 
     @property
     def policy(self) -> MLPModel:
@@ -477,6 +478,8 @@ class OffPolicyRunner(Runner):
                     if self.learner.updates >= self._allowed_updates():  # done, and caught up
                         return
                 t1 = time.perf_counter()
+                # An actor waiting for the learner cannot act before this update: its core is the learner's.
+                self.update_threads.use(alone=self._actor_waiting)
                 self._update()
                 with self._cond:
                     self._published = clone_tree(self.learner.actor.state_dict())
@@ -497,7 +500,9 @@ class OffPolicyRunner(Runner):
             while self._allowed_updates() - self.learner.updates > limit and self._error is None:
                 if self._stop.is_set():
                     raise Stopped
+                self._actor_waiting = True
                 self._cond.wait(0.05)
+            self._actor_waiting = False
             published, self._published = self._published, None
             self._waits["actor_wait_s"] += time.perf_counter() - t
         if self._error is not None:

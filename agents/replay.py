@@ -91,7 +91,7 @@ class ReplayBuffer:
         self.terminated = torch.zeros(shape, dtype=torch.bool, device=device)
         self.time_outs = torch.zeros(shape, dtype=torch.bool, device=device)
         self.priorities = torch.zeros(shape, device=device) if prioritized else None
-        self.max_priority = 1.0
+        self.max_priority = torch.ones((), device=device)  # a device tensor: never read back
         self.head, self.size = 0, 0  # the slot the next step goes to; the steps stored per env
         self.steps = 0  # steps added since the buffer was made
         # One thread may add while another samples (agent.mode=async): each call holds the lock.
@@ -185,7 +185,7 @@ class ReplayBuffer:
         priority = errors.detach().abs().float() + eps
         with self.lock:  # (a slot overwritten since the batch was drawn gets it too: harmless)
             self.priorities[batch.slot, batch.env] = priority
-            self.max_priority = max(self.max_priority, float(priority.max()))
+            torch.maximum(self.max_priority, priority.max(), out=self.max_priority)
 
     def state_dict(self) -> dict:
         """Everything stored, for a checkpoint (``agent.off_policy.checkpoint_buffer``)."""
@@ -213,4 +213,4 @@ class ReplayBuffer:
             else:
                 self.priorities[:state["size"]] = 1.0
         self.head, self.size, self.steps = state["head"], state["size"], state["steps"]
-        self.max_priority = state["max_priority"]
+        self.max_priority.copy_(torch.as_tensor(state["max_priority"]))

@@ -11,12 +11,15 @@ seed 0 async, seed 1 sync, ...) so that load from other processes falls on both 
 One env per task is built once and reset (and reseeded) before every run.
 
 Writes bench/results/async_vs_sync.json and bench/results/async_vs_sync.png (reward against
-wall-clock time, both modes; needs matplotlib).
+wall-clock time, both modes; needs matplotlib). With ``agent=sac`` or ``agent=td3`` among the
+overrides it compares the off-policy learner's actor-learner split with its sync loop at the same
+update-to-data ratio (``async_vs_sync_<learner>.json``, ``.png``).
 
     python bench/async_vs_sync.py                                  # full run: 100 / 150 iterations, 3 seeds
     python bench/async_vs_sync.py --iterations 4 15 --seeds 0 1 2  # a quick check
     python bench/async_vs_sync.py device=cuda:0 sim.capture_step=true \
         --tasks quadruped_flat --num-envs 4096 --iterations 400 --seeds 0   # Hydra overrides for every run first
+    python bench/async_vs_sync.py agent=td3 --tasks quadruped_flat --num-envs 1024 --iterations 20 --seeds 0 1 2
 """
 
 import argparse
@@ -145,10 +148,12 @@ def main():
         env.close()
     rows = summarize(runs)
     print_table(rows)
-    path = write_json("async_vs_sync", rows, seeds=args.seeds, max_policy_lag=args.max_policy_lag,
+    learner = compose(f"task={args.tasks[0]}", *args.overrides).agent.learner
+    name = "async_vs_sync" if learner == "ppo" else f"async_vs_sync_{learner}"
+    path = write_json(name, rows, seeds=args.seeds, max_policy_lag=args.max_policy_lag,
                       overrides=args.overrides, runs=runs)
     print(f"wrote {path}")
-    png = RESULTS / "async_vs_sync.png"
+    png = RESULTS / f"{name}.png"
     if plot(runs, png):
         print(f"wrote {png}")
 

@@ -107,7 +107,7 @@ def validate(cfg: schema.Train) -> None:
         problems.append(f"agent.max_policy_lag={agent.max_policy_lag}: must be >= 0")
     if agent.mode not in ("sync", "async", "bc", "dagger"):
         problems.append(f"agent.mode={agent.mode}: choose sync, async, bc or dagger")
-    problems += off_policy_problems(agent)
+    problems += _off_policy_problems(agent)
     if agent.mode == "bc" and not agent.imitation.demos:
         problems.append("agent.mode=bc: name the demonstrations, agent.imitation.demos=[demos.h5]")
     if agent.mode == "dagger" and not agent.imitation.expert:
@@ -131,7 +131,7 @@ def validate(cfg: schema.Train) -> None:
         raise ConfigError("\n".join(problems))
 
 
-def off_policy_problems(agent: schema.Agent) -> list[str]:
+def _off_policy_problems(agent: schema.Agent) -> list[str]:
     """What an off-policy learner (``agent.learner=sac | td3``) cannot run with, one line each."""
     if agent.learner == "ppo":
         return []

@@ -3,8 +3,8 @@
     python -m torch.distributed.run ... tests/distributed_worker.py OUT_DIR [key=value ...]
 
 Trains through legion.commands.train.train into OUT_DIR/run and writes OUT_DIR/rank<R>.json: a checksum of
-the policy's and the critic's weights after every update (PPO's, or an off-policy learner's gradient step), the last update's losses, whether the actor
-is recurrent, and rank 0's training history.
+the policy's and the critic's weights after every update (PPO's, or an off-policy learner's gradient
+step), the last update's losses, whether the actor is recurrent, and rank 0's training history.
 LEGION_TEST_DIE_AT=<iteration> makes the last rank exit abruptly once it has finished that iteration.
 """
 
