@@ -167,9 +167,7 @@ class OffPolicyLearner:
         self.log_alpha = torch.tensor(float(torch.tensor(off.init_alpha).log()), device=device, requires_grad=True)
         self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=off.critic_learning_rate)
         self.target_entropy = off.target_entropy if off.target_entropy is not None else -float(num_actions)
-        low, high = off.exploration_noise
-        self._noise_range = (low, high)
-        self.noise_std = torch.empty(num_envs, 1, device=device).uniform_(low, high)
+        self.noise_std = torch.empty(num_envs, 1, device=device).uniform_(*off.exploration_noise)
         self.updates = 0  # critic steps so far
         self.normalized = 0  # the buffer's steps the normalizers have learned from
         # The actor that acts: this one (acting and learning in turn), or a copy the learner's
@@ -193,8 +191,7 @@ class OffPolicyLearner:
 
     def episodes_ended(self, dones: torch.Tensor) -> None:
         """TD3: the envs whose episode ended draw a new exploration noise std."""
-        low, high = self._noise_range
-        fresh = torch.empty_like(self.noise_std).uniform_(low, high)
+        fresh = torch.empty_like(self.noise_std).uniform_(*self.cfg.exploration_noise)
         self.noise_std = torch.where(dones[:, None], fresh, self.noise_std)
 
     # --- learning ------------------------------------------------------------------------------
