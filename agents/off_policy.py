@@ -7,6 +7,10 @@ distributional critic (C51) and prioritized replay.
 The actor is rsl-rl's ``MLPModel`` whose output distribution is :class:`SquashedGaussian`: its
 deterministic action is ``action_bound * tanh(.)``, so the exported ONNX graph (rsl-rl's export
 wrapper, as for PPO) carries the squashing and the scale, and the edge runtime runs it unchanged.
+With ``agent.actor.rnn`` it is rsl-rl's ``RNNModel`` (an LSTM or GRU before the MLP), learned as
+R2D2 learns (Kapturowski et al. 2019): from sequences replayed from the memory the actor had at
+their first step, after a burn-in that refreshes it (:meth:`OffPolicyLearner.update`). The critics
+stay feed-forward, on the ``critic`` observation group where the task has one.
 
 :class:`OffPolicyRunner` is the training loop: every env step goes into the buffer (with the state
 an episode ended in as its next observation: the env's ``final_observations``), then
@@ -21,16 +25,17 @@ import copy
 import math
 import threading
 import time
+from typing import Any
 
 import torch
-from rsl_rl.models import MLPModel
+from rsl_rl.models import MLPModel, RNNModel
 from rsl_rl.modules import MLP, EmpiricalNormalization
 from rsl_rl.modules.distribution import Distribution
 from rsl_rl.utils.utils import reduce_gradients_in_buckets
 from tensordict import TensorDict
 
 from legion.agents.ppo import Stopped, clone_tree, obs_groups_for
-from legion.agents.replay import Batch, ReplayBuffer
+from legion.agents.replay import Batch, ReplayBuffer, Sequences
 from legion.agents.runner import Runner
 from legion.configs.schema import Agent
 
@@ -149,18 +154,28 @@ class OffPolicyLearner:
         self.cfg, self.kind, self.device = cfg.off_policy, cfg.learner, device
         off = cfg.off_policy
         sac = self.kind == "sac"
-        network = cfg.actor
-        self.actor = MLPModel(obs, obs_groups_for(obs), "actor", num_actions, hidden_dims=network.hidden_dims,
-                              activation=network.activation, obs_normalization=network.obs_normalization,
-                              distribution_cfg={"class_name": SquashedGaussian, "bound": off.action_bound,
-                                                "learned_std": sac}).to(device)
+        network, rnn = cfg.actor, cfg.actor.rnn
+        model: dict[str, Any] = dict(hidden_dims=network.hidden_dims, activation=network.activation,
+                     obs_normalization=network.obs_normalization,
+                     distribution_cfg={"class_name": SquashedGaussian, "bound": off.action_bound, "learned_std": sac})
+        if rnn.type:
+            model.update(rnn_type=rnn.type, rnn_hidden_dim=rnn.hidden_size, rnn_num_layers=rnn.num_layers)
+        self.actor = (RNNModel if rnn.type else MLPModel)(obs, obs_groups_for(obs), "actor", num_actions,
+                                                          **model).to(device)
+        self.recurrent = self.actor.is_recurrent
+        # The memory's floats per env: (h, c) of an LSTM, h of a GRU, in every layer
+        self.memory_size = (2 if rnn.type == "lstm" else 1) * rnn.num_layers * rnn.hidden_size if rnn.type else 0
+        self.num_envs = num_envs
+        # the steps per env the buffer holds before a first update: a recurrent actor's window
+        self.window = off.burn_in + off.sequence_length + off.n_step - 1 if self.recurrent else 1
         self.distribution: SquashedGaussian = self.actor.distribution  # pyright: ignore[reportAttributeAccessIssue]
         outputs = off.num_atoms if off.distributional else 1
         self.critic = Critics(obs, num_actions, cfg, outputs).to(device)
         self.target_heads = copy.deepcopy(self.critic.heads).requires_grad_(False)
+        # TD3's target actor: a copy of the MLP (a recurrent one's reads the online actor's memory)
         self.target_actor = None if sac else copy.deepcopy(self.actor.mlp).requires_grad_(False)
         self.atoms = torch.linspace(off.v_min, off.v_max, off.num_atoms, device=device)
-        self.actor_optimizer = torch.optim.AdamW(self.actor.mlp.parameters(), lr=off.actor_learning_rate,
+        self.actor_optimizer = torch.optim.AdamW(self.actor.parameters(), lr=off.actor_learning_rate,
                                                  weight_decay=off.weight_decay)
         self.critic_optimizer = torch.optim.AdamW(self.critic.heads.parameters(), lr=off.critic_learning_rate,
                                                   weight_decay=off.weight_decay)
@@ -189,15 +204,44 @@ class OffPolicyLearner:
         self.acting.distribution.noise_std = self.noise_std  # pyright: ignore[reportOptionalMemberAccess]
         return self.acting(obs, stochastic_output=True)
 
+    def memory(self) -> torch.Tensor | None:
+        """The acting actor's memory, (num_envs, memory_size) (what the buffer keeps with each step);
+        None for a feed-forward actor."""
+        if not self.recurrent:
+            return None
+        state = self.acting.get_hidden_state()
+        if state is None:  # before its first step
+            return torch.zeros(self.num_envs, self.memory_size, device=self.device)
+        return torch.cat([s.transpose(0, 1).reshape(self.num_envs, -1) for s in _parts(state)], dim=-1)
+
+    @property
+    def _rnn(self) -> torch.nn.LSTM | torch.nn.GRU:
+        """A recurrent actor's torch LSTM or GRU."""
+        return self.actor.rnn.rnn  # pyright: ignore[reportAttributeAccessIssue,reportReturnType]
+
+    def _memory_state(self, memory: torch.Tensor):
+        """:meth:`memory`'s rows (B, memory_size) as the RNN's state: (h, c) or h, (layers, B, hidden)."""
+        rnn = self._rnn
+        parts = [part.reshape(len(memory), rnn.num_layers, rnn.hidden_size).transpose(0, 1).contiguous()
+                 for part in memory.chunk(2 if isinstance(rnn, torch.nn.LSTM) else 1, dim=-1)]
+        return tuple(parts) if len(parts) == 2 else parts[0]
+
     def episodes_ended(self, dones: torch.Tensor) -> None:
-        """TD3: the envs whose episode ended draw a new exploration noise std."""
+        """The envs whose episode ended: a recurrent actor's memory restarts; TD3: a new exploration
+        noise std."""
+        self.acting.reset(dones)
         fresh = torch.empty_like(self.noise_std).uniform_(*self.cfg.exploration_noise)
         self.noise_std = torch.where(dones[:, None], fresh, self.noise_std)
 
     # --- learning ------------------------------------------------------------------------------
-    def _policy(self, obs: TensorDict, mlp=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Actions for a batch and, SAC, their log-probabilities (reparameterized: gradients flow)."""
-        mlp_output = (mlp or self.actor.mlp)(self.actor.get_latent(obs))
+    def _inputs(self, obs: TensorDict) -> torch.Tensor:
+        """The actor's normalized observation (a recurrent actor's RNN input), (..., D)."""
+        return MLPModel.get_latent(self.actor, obs)
+
+    def _policy(self, latent: torch.Tensor, mlp=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Actions for a batch of the actor's latents (its MLP's input) and, SAC, their
+        log-probabilities (reparameterized: gradients flow)."""
+        mlp_output = (mlp or self.actor.mlp)(latent)
         if self.kind == "sac":
             self.distribution.update(mlp_output)
             return self.distribution.rsample()
@@ -223,11 +267,19 @@ class OffPolicyLearner:
             self.actor.update_normalization(recent)
             self.critic.update_normalization(recent)
             self.normalized = buffer.steps
-        off, batch = self.cfg, buffer.sample(self.cfg.batch_size)
-        losses = self._critic_step(batch, buffer)
+        off = self.cfg
+        actor_step = (self.updates + 1) % off.policy_delay == 0
+        if self.recurrent:
+            batch, latent, next_latent = self._replay_sequences(buffer, grad=actor_step)
+        else:
+            batch = buffer.sample(off.batch_size)
+            latent = self._inputs(batch.obs)
+            with torch.no_grad():
+                next_latent = self._inputs(batch.next_obs)
+        losses = self._critic_step(batch, next_latent, buffer)
         self.updates += 1
-        if self.updates % off.policy_delay == 0:
-            losses.update(self._actor_step(batch))
+        if actor_step:
+            losses.update(self._actor_step(batch, latent))
         with torch.no_grad():
             for target, online in ((self.target_heads, self.critic.heads), (self.target_actor, self.actor.mlp)):
                 if target is not None:
@@ -235,15 +287,47 @@ class OffPolicyLearner:
                         t.lerp_(o, off.tau)
         return losses
 
-    def _critic_step(self, batch: Batch, buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
+    def _replay_sequences(self, buffer: ReplayBuffer, grad: bool) -> tuple[Batch, torch.Tensor, torch.Tensor]:
+        """A recurrent actor's batch (R2D2): ``batch_size / sequence_length`` windows of ``burn_in +
+        sequence_length + n_step - 1`` steps, each unrolled from the memory stored with its first
+        step (restarted where an episode begins inside it); the burn-in refreshes the stale stored
+        memory without gradients, the next ``sequence_length`` steps are learned from (gradients
+        through the memory when ``grad``), the last ``n_step - 1`` only carry the memory on to the
+        steps the n-step targets bootstrap from. Returns their transitions (time-major), the
+        actor's latents for them and for their next observations."""
+        off = self.cfg
+        length, learned = self.window, off.sequence_length
+        windows = max(1, off.batch_size // learned)
+        sequences: Sequences = buffer.sample_sequences(windows, length, range(off.burn_in, off.burn_in + learned))
+        rnn = self._rnn
+        inputs = self._inputs(sequences.obs)  # (length, windows, D)
+        state, outputs, memories = self._memory_state(sequences.memory), [], []
+        for j in range(length):
+            keep = (~sequences.begins[j]).float()[None, :, None]
+            state = tuple(s * keep for s in state) if isinstance(state, tuple) else state * keep
+            with torch.set_grad_enabled(grad and off.burn_in <= j < off.burn_in + learned):
+                output, state = rnn(inputs[j:j + 1], state)
+            outputs.append(output[0])
+            memories.append(torch.cat([s.detach().transpose(0, 1).reshape(windows, -1) for s in _parts(state)], -1))
+        batch = sequences.batch
+        latent = torch.cat(outputs[off.burn_in:off.burn_in + learned])
+        # the step each target bootstraps from, in its window: the next observation meets the memory after it
+        step = (batch.last - sequences.start.repeat(learned)) % buffer.capacity
+        window = torch.arange(windows, device=self.device).repeat(learned)
+        with torch.no_grad():
+            next_latent = rnn(self._inputs(batch.next_obs)[None],
+                              self._memory_state(torch.stack(memories)[step, window]))[0][0]
+        return batch, latent, next_latent
+
+    def _critic_step(self, batch: Batch, next_latent: torch.Tensor, buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
         off = self.cfg
         with torch.no_grad():
             if self.kind == "sac":
-                next_actions, log_prob = self._policy(batch.next_obs)
+                next_actions, log_prob = self._policy(next_latent)
                 assert log_prob is not None
                 entropy_bonus = -self.alpha * log_prob
             else:
-                next_actions, _ = self._policy(batch.next_obs, mlp=self.target_actor)
+                next_actions, _ = self._policy(next_latent, mlp=self.target_actor)
                 noise = (torch.randn_like(next_actions) * off.target_noise).clamp(-off.target_noise_clip,
                                                                                   off.target_noise_clip)
                 next_actions = (next_actions + noise * off.action_bound).clamp(-off.action_bound, off.action_bound)
@@ -283,8 +367,8 @@ class OffPolicyLearner:
         projected.scatter_add_(-1, upper, probabilities * (position - lower.float()))
         return projected
 
-    def _actor_step(self, batch: Batch) -> dict[str, torch.Tensor]:
-        actions, log_prob = self._policy(batch.obs)
+    def _actor_step(self, batch: Batch, latent: torch.Tensor) -> dict[str, torch.Tensor]:
+        actions, log_prob = self._policy(latent)
         self.critic.requires_grad_(False)
         q = self._value(self.critic(batch.obs, actions)).min(0).values
         self.critic.requires_grad_(True)
@@ -299,7 +383,7 @@ class OffPolicyLearner:
             self._average_gradients([self.log_alpha])
             self.alpha_optimizer.step()
             losses.update(alpha=self.alpha, entropy=-log_prob.detach().mean())
-        self._step(self.actor_optimizer, loss, self.actor.mlp)
+        self._step(self.actor_optimizer, loss, self.actor)
         return {"actor": loss.detach(), **losses}
 
     def _step(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, module: torch.nn.Module) -> None:
@@ -344,6 +428,11 @@ class OffPolicyLearner:
         if state["noise_std"].shape == self.noise_std.shape:
             self.noise_std = state["noise_std"].to(self.device).clone()
         self.updates, self.normalized = state["updates"], state["normalized"]
+
+
+def _parts(state) -> tuple[torch.Tensor, ...]:
+    """An RNN state's tensors: (h, c) of an LSTM, (h,) of a GRU."""
+    return state if isinstance(state, tuple) else (state,)
 
 
 def nonfinite_learner(learner: OffPolicyLearner, losses: dict[str, float]) -> list[str]:
@@ -399,7 +488,7 @@ class OffPolicyRunner(Runner):
         return self.learner.actor
 
     def _memory_models(self) -> dict:
-        return {"actor": self.learner.actor}
+        return {"actor": self.learner.acting}
 
     def _policy_state(self) -> dict:
         return {**self.learner.state_dict(), "env_steps": self.env_steps}
@@ -431,7 +520,8 @@ class OffPolicyRunner(Runner):
         off = self.cfg.off_policy
         buffer = ReplayBuffer(self.env.get_observations(), self.env.num_actions, off.buffer_size, self.device,
                               gamma=off.gamma, n_step=off.n_step, prioritized=off.prioritized,
-                              alpha=off.priority_alpha, beta=off.priority_beta, max_bytes=off.max_buffer_gb * 1e9)
+                              alpha=off.priority_alpha, beta=off.priority_beta,
+                              memory_size=self.learner.memory_size, max_bytes=off.max_buffer_gb * 1e9)
         print(f"[legion] replay buffer: {off.buffer_size} steps x {self.env.num_envs} envs, "
               f"{buffer.bytes_per_transition} bytes per transition, {buffer.bytes / 1e9:.2f} GB", flush=True)
         restored = False
@@ -449,9 +539,12 @@ class OffPolicyRunner(Runner):
 
     # --- the update-to-data ratio ------------------------------------------------------------------
     def _allowed_updates(self) -> int:
-        """The updates the env steps so far allow: ``update_to_data`` per step from ``learning_starts`` on."""
+        """The updates the env steps so far allow: ``update_to_data`` per step from ``learning_starts`` on
+        (a recurrent actor's: from its first whole window on, if later)."""
         off = self.cfg.off_policy
-        return off.update_to_data * max(0, self.env_steps - off.learning_starts + 1)
+        if self.buffer is None or self.buffer.size < self.learner.window:
+            return self.learner.updates  # none owed before a whole window is stored (e.g. resumed without a buffer)
+        return off.update_to_data * max(0, self.env_steps - max(off.learning_starts, self.learner.window) + 1)
 
     def _update(self) -> None:
         """One gradient step, its losses added to the iteration's."""
@@ -544,12 +637,13 @@ class OffPolicyRunner(Runner):
                             self._await_learner(off.max_lag_steps)
                         stats.action()
                         with torch.no_grad():
+                            memory = learner.memory()  # a recurrent actor's, before it acts
                             actions = learner.act(obs)
                             next_obs, rewards, dones, extras = env.step(actions)
                             time_outs = extras["time_outs"]
                             final = extras.get("final_observations")
                             ended = next_obs if final is None else _where(dones, final, next_obs)
-                            buffer.add(obs, actions, rewards, ended, dones & ~time_outs, time_outs)
+                            buffer.add(obs, actions, rewards, ended, dones & ~time_outs, time_outs, memory)
                             learner.episodes_ended(dones)
                             stats.step(rewards, dones, extras)
                         obs = next_obs.to(self.device)
@@ -575,6 +669,7 @@ class OffPolicyRunner(Runner):
                         self._cond.notify_all()
                     if worker.ident is not None:
                         worker.join()
+                    learner.actor.reset(hidden_state=learner.acting.get_hidden_state())  # episodes go on
                     learner.acting = learner.actor
                 self._end(start_iteration)
 
@@ -591,7 +686,7 @@ class OffPolicyRunner(Runner):
         self.iteration += 1
         wall = time.perf_counter() - t0
         progress = (f"critic loss {losses['critic']:.3g} | Q {losses['q']:.3g}" if "critic" in losses else
-                    f"filling the buffer ({self.env_steps}/{off.learning_starts} steps)")
+                    f"filling the buffer ({self.env_steps}/{max(off.learning_starts, learner.window)} steps)")
         if self.cfg.mode == "async":
             progress += f" | actor waited {waits['actor_wait_s'] / wall:.0%}"
         assert self.buffer is not None

@@ -16,6 +16,11 @@ steps with probability ``p_i ** alpha / sum_j p_j ** alpha`` by an inverse trans
 cumulative sum (one ``cumsum`` and one ``searchsorted`` over the buffer per batch: the batched
 equivalent of a sum-tree, with no tree to keep), and weights each by ``(N P(i)) ** -beta`` over the
 batch's largest. New steps enter at the largest priority seen.
+
+Sequences for a recurrent actor (R2D2, Kapturowski et al. 2019): with ``memory_size`` the buffer also
+keeps, per step, the state the acting actor's memory was in before it acted
+(:meth:`ReplayBuffer.add`'s ``memory``), so a sequence replayed from any step starts from the state
+the actor had there (:meth:`ReplayBuffer.sample_sequences`).
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ from tensordict import TensorDict
 class Batch:
     """A sampled batch: raw observations (TensorDicts of (B, D) per group), actions (B, A), the
     n-step discounted reward sum (B,), the discount of the bootstrap (B,) (zero after a
-    termination), importance weights (B,) (ones without priorities), and where it came from
-    (``env``, ``slot``: for :meth:`ReplayBuffer.update_priorities`)."""
+    termination), importance weights (B,) (ones without priorities), where it came from (``env``,
+    ``slot``: for :meth:`ReplayBuffer.update_priorities`) and the slot whose next observation the
+    target bootstraps from (``last``)."""
 
     obs: TensorDict
     actions: torch.Tensor
@@ -42,6 +48,23 @@ class Batch:
     weights: torch.Tensor
     env: torch.Tensor
     slot: torch.Tensor
+    last: torch.Tensor
+
+
+@dataclass
+class Sequences:
+    """Sampled windows of consecutive steps of one env each (R2D2's sequences): raw observations
+    (length, W) per group, where an episode begins inside a window (length, W; never at its first
+    step, whose memory is the stored one), the acting actor's memory before the first step (W,
+    memory_size), where the windows are (``env``, first slot ``start``: (W,)) and the transitions
+    learned from (time-major: step ``t`` of window ``w`` at ``t * W + w``)."""
+
+    obs: TensorDict
+    begins: torch.Tensor
+    memory: torch.Tensor
+    env: torch.Tensor
+    start: torch.Tensor
+    batch: Batch
 
 
 class BufferTooLarge(ValueError):
@@ -58,20 +81,22 @@ class ReplayBuffer:
         device: where everything lives (the env's device).
         gamma, n_step: the n-step targets' discount and horizon.
         prioritized: sample in proportion to priorities (``alpha``), weighted (``beta``).
+        memory_size: floats of a recurrent actor's state kept per step (0: none).
         max_bytes: refuse (:class:`BufferTooLarge`) a buffer needing more.
     """
 
     def __init__(self, obs: TensorDict, num_actions: int, capacity: int, device: str, gamma: float = 0.99,
                  n_step: int = 1, prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
-                 max_bytes: float | None = None):
+                 memory_size: int = 0, max_bytes: float | None = None):
         if capacity < 1 or n_step < 1:
             raise ValueError(f"a replay buffer needs capacity >= 1 and n_step >= 1 (got {capacity}, {n_step})")
         self.num_envs, self.capacity, self.device = obs.batch_size[0], capacity, device
         self.gamma, self.n_step = gamma, n_step
         self.prioritized, self.alpha, self.beta = prioritized, alpha, beta
         dims = {key: value.shape[-1] for key, value in obs.items()}
-        # fp32 observations twice (this step's and the next), the action, reward, two flags, a priority.
-        self.bytes_per_transition = 4 * (2 * sum(dims.values()) + num_actions + 1 + prioritized) + 2
+        # fp32 observations twice (this step's and the next), the action, reward, two flags, a
+        # priority, the actor's memory.
+        self.bytes_per_transition = 4 * (2 * sum(dims.values()) + num_actions + 1 + prioritized + memory_size) + 2
         self.bytes = self.bytes_per_transition * self.num_envs * capacity
         if max_bytes is not None and self.bytes > max_bytes:
             raise BufferTooLarge(
@@ -91,6 +116,7 @@ class ReplayBuffer:
         self.terminated = torch.zeros(shape, dtype=torch.bool, device=device)
         self.time_outs = torch.zeros(shape, dtype=torch.bool, device=device)
         self.priorities = torch.zeros(shape, device=device) if prioritized else None
+        self.memory = torch.zeros(*shape, memory_size, device=device) if memory_size else None
         self.max_priority = torch.ones((), device=device)  # a device tensor: never read back
         self.head, self.size = 0, 0  # the slot the next step goes to; the steps stored per env
         self.steps = 0  # steps added since the buffer was made
@@ -102,14 +128,19 @@ class ReplayBuffer:
         return self.size * self.num_envs
 
     def add(self, obs: TensorDict, actions: torch.Tensor, rewards: torch.Tensor, next_obs: TensorDict,
-            terminated: torch.Tensor, time_outs: torch.Tensor) -> None:
+            terminated: torch.Tensor, time_outs: torch.Tensor, memory: torch.Tensor | None = None) -> None:
         """One step of every env (copied in: the caller may reuse its tensors). ``next_obs``: the
-        observation after the step, the ended episode's final one where an episode ended."""
+        observation after the step, the ended episode's final one where an episode ended;
+        ``memory``: (num_envs, memory_size), the acting actor's state before it acted."""
         with self.lock:
-            self._add(obs, actions, rewards, next_obs, terminated, time_outs)
+            self._add(obs, actions, rewards, next_obs, terminated, time_outs, memory)
 
-    def _add(self, obs, actions, rewards, next_obs, terminated, time_outs) -> None:
+    def _add(self, obs, actions, rewards, next_obs, terminated, time_outs, memory) -> None:
         slot = self.head
+        if self.memory is not None:
+            if memory is None:
+                raise ValueError("this buffer keeps a recurrent actor's memory: add() needs memory=")
+            self.memory[slot].copy_(memory)
         for key in self.obs.keys():
             self.obs[key][slot].copy_(obs[key])
             self.next_obs[key][slot].copy_(next_obs[key])
@@ -155,6 +186,28 @@ class ReplayBuffer:
         slot, env = flat // self.num_envs, flat % self.num_envs
         return self.gather(env, slot, weights)
 
+    def sample_sequences(self, count: int, length: int, learned: range,
+                         generator: torch.Generator | None = None) -> Sequences:
+        """``count`` windows of ``length`` consecutive steps of one env, uniformly over the windows
+        stored whole, with the transitions (n-step targets) of their steps ``learned``."""
+        with self.lock:
+            if self.memory is None:
+                raise ValueError("this buffer keeps no recurrent memory (made without memory_size)")
+            if self.size < length:
+                raise ValueError(f"the replay buffer holds {self.size} steps per env, fewer than a sequence's "
+                                 f"{length}: sample sequences once it holds more")
+            windows = self.size - length + 1  # per env, from the oldest stored step on
+            flat = torch.randint(windows * self.num_envs, (count,), device=self.device, generator=generator)
+            env = flat % self.num_envs
+            start = ((self.head - self.size) + flat // self.num_envs) % self.capacity
+            slots = (start + torch.arange(length, device=self.device)[:, None]) % self.capacity  # (length, count)
+            ended = self.terminated[slots, env] | self.time_outs[slots, env]
+            begins = torch.zeros_like(ended)
+            begins[1:] = ended[:-1]
+            batch = self.gather(env.repeat(len(learned)), slots[learned.start:learned.stop].flatten())
+            return Sequences(obs=self.obs[slots, env], begins=begins, memory=self.memory[start, env], env=env,
+                             start=start, batch=batch)
+
     def gather(self, env: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor | None = None) -> Batch:
         """The transitions at (``env``, ``slot``) with their n-step targets."""
         newer = (self.head - 1 - slot) % self.capacity  # steps stored after it in its env
@@ -176,7 +229,7 @@ class ReplayBuffer:
         return Batch(obs=obs, actions=self.actions[slot, env], returns=returns, next_obs=self.next_obs[last, env],
                      discounts=torch.where(terminal, 0.0, discount),
                      weights=weights if weights is not None else torch.ones(len(env), device=self.device),
-                     env=env, slot=slot)
+                     env=env, slot=slot, last=last)
 
     def update_priorities(self, batch: Batch, errors: torch.Tensor, eps: float = 1e-6) -> None:
         """New priorities ``|errors| + eps`` for a sampled batch's transitions."""
@@ -192,8 +245,9 @@ class ReplayBuffer:
         state = {"obs": self.obs.to_dict(), "next_obs": self.next_obs.to_dict(), "actions": self.actions,
                  "rewards": self.rewards, "terminated": self.terminated, "time_outs": self.time_outs,
                  "head": self.head, "size": self.size, "steps": self.steps, "max_priority": self.max_priority}
-        if self.priorities is not None:
-            state["priorities"] = self.priorities
+        for name in ("priorities", "memory"):
+            if getattr(self, name) is not None:
+                state[name] = getattr(self, name)
         return {key: value.clone() if isinstance(value, torch.Tensor) else value for key, value in state.items()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -202,11 +256,17 @@ class ReplayBuffer:
             raise ValueError(f"the saved replay buffer holds {tuple(state['actions'].shape[:2])} (steps, envs) "
                              f"of {state['actions'].shape[-1]} actions; this one {tuple(self.actions.shape[:2])} "
                              f"of {self.actions.shape[-1]}")
+        memory = state.get("memory")
+        if (memory.shape if memory is not None else None) != (self.memory.shape if self.memory is not None else None):
+            raise ValueError("the saved replay buffer holds a recurrent actor's memory of another size (or none where "
+                             "this one needs it)")
         for name in ("obs", "next_obs"):
             for key, value in state[name].items():
                 getattr(self, name)[key].copy_(value)
         for name in ("actions", "rewards", "terminated", "time_outs"):
             getattr(self, name).copy_(state[name])
+        if self.memory is not None:
+            self.memory.copy_(state["memory"])
         if self.priorities is not None:
             if "priorities" in state:
                 self.priorities.copy_(state["priorities"])

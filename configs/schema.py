@@ -467,6 +467,13 @@ class OffPolicy:
     # agent.mode=async: the actor waits when the learner is more than this many env steps' worth of
     # updates behind (0: acting and learning alternate, as sync, on two threads)
     max_lag_steps: int = 2
+    # A recurrent actor (agent.actor.rnn.type=lstm | gru; R2D2, Kapturowski et al. 2019): the
+    # buffer keeps the acting actor's state at every step; the learner replays sequences of
+    # burn_in + sequence_length steps from the state stored at their start, learning from the last
+    # sequence_length (batch_size transitions: batch_size / sequence_length sequences). The critics
+    # stay feed-forward: give them what the actor cannot see in a `critic` observation group.
+    sequence_length: int = 16
+    burn_in: int = 8
 
 
 @dataclass

@@ -144,9 +144,21 @@ def _off_policy_problems(agent: schema.Agent) -> list[str]:
                         "learning in turn) or async (an actor and a learner thread)")
     if off.max_lag_steps < 0:
         problems.append(f"agent.off_policy.max_lag_steps={off.max_lag_steps}: must be >= 0")
-    if agent.actor.rnn.type or agent.critic.rnn.type or agent.actor.estimator.target:
-        problems.append(f"agent.learner={learner} takes feed-forward networks: drop agent.actor.rnn / agent.critic.rnn "
-                        "/ agent.actor.estimator")
+    if agent.critic.rnn.type or agent.actor.estimator.target:
+        problems.append(f"agent.learner={learner} takes feed-forward critics and no estimator: drop agent.critic.rnn / "
+                        "agent.actor.estimator (give the critics what the actor cannot see in a `critic` observation "
+                        "group; the actor may be recurrent: agent.actor.rnn)")
+    if agent.actor.rnn.type:
+        window = off.burn_in + off.sequence_length + off.n_step - 1
+        if off.prioritized:
+            problems.append("agent.off_policy.prioritized: a recurrent actor (agent.actor.rnn) replays sequences, "
+                            "sampled uniformly; drop one of the two")
+        if off.sequence_length < 1 or off.burn_in < 0:
+            problems.append(f"agent.off_policy.sequence_length={off.sequence_length}, burn_in={off.burn_in}: a "
+                            "recurrent actor needs sequence_length >= 1 and burn_in >= 0")
+        elif off.buffer_size < window:
+            problems.append(f"agent.off_policy.buffer_size={off.buffer_size}: a recurrent actor replays windows of "
+                            f"burn_in + sequence_length + n_step - 1 = {window} steps; keep at least that many")
     if agent.symmetry.augmentation or agent.symmetry.mirror_loss:
         problems.append(f"agent.symmetry is PPO's (rsl-rl's extension); agent.learner={learner} takes none")
     if agent.init_from is not None:

@@ -17,6 +17,9 @@ from legion.configs import ConfigError
 
 SMALL = ("task=cartpole", "sim.num_envs=16", "agent.num_steps_per_env=8", "agent.off_policy.batch_size=64",
          "agent.off_policy.learning_starts=2")
+# A recurrent actor replaying windows of burn_in + sequence_length + n_step - 1 = 2 + 4 + 3 - 1 = 8 steps
+LSTM = ("agent.actor.rnn.type=lstm", "agent.actor.rnn.hidden_size=16", "agent.off_policy.sequence_length=4",
+        "agent.off_policy.burn_in=2")
 
 
 def one_step(num_envs: int, value) -> TensorDict:
@@ -165,6 +168,70 @@ def test_off_policy_learners_learn_cartpole(learner, seed, learned):
     learned(length_ratio=(runner.mean_episode_length / start, {"sac": 3.0, "td3": 2.2}[learner]))
 
 
+def test_a_replayed_sequence_starts_from_the_memory_the_actor_had_and_reproduces_its_states():
+    """TD3 with an LSTM actor, episodes of 15 steps, no update yet (the weights that acted are the
+    learner's): each stored step keeps the memory the actor had before it acted (zeros at an
+    episode's first step), and a replayed window unrolled from the memory stored with its first
+    step, restarted where an episode begins inside it, gives back the memory stored at each next
+    step. With the stored memories forgotten (zeros) it does not."""
+    runner = make_runner("task=cartpole_positions_only", "agent=td3", "sim.num_envs=16", "agent.num_steps_per_env=8",
+                         "task.episode_length_s=0.3", "agent.off_policy.learning_starts=1000", *LSTM,
+                         "agent.off_policy.burn_in=0", "agent.off_policy.n_step=1", "agent.off_policy.batch_size=256")
+    runner.learn(5)
+    learner, buffer = runner.learner, runner.buffer
+    assert learner.updates == 0 and buffer.memory is not None and len(buffer) == 40 * 16
+    ended = buffer.terminated[:40] | buffer.time_outs[:40]
+    first_steps = torch.cat([torch.ones(1, 16, dtype=torch.bool), ended[:-1]])  # a new episode's first step
+    assert first_steps[1:].any() and not buffer.memory[:40][first_steps].any()
+    assert (buffer.memory[:40][~first_steps].abs().amax(-1) > 0).all()
+
+    def replay():
+        torch.manual_seed(0)  # the same windows each time
+        return learner._replay_sequences(buffer, grad=False)
+
+    batch, latent, _ = replay()  # 64 windows of 4 steps, time-major
+    step_in_window = torch.arange(len(batch.slot)) // 64
+    following = buffer.memory[(batch.slot + 1).clamp(max=39), batch.env][:, :16]  # h of the memory after it
+    checked = (batch.slot < 39) & ~ended[batch.slot, batch.env]
+    restarted = (step_in_window > 0) & first_steps[batch.slot, batch.env]
+    assert checked.sum() > 150 and (checked & restarted).sum() > 5
+    assert torch.allclose(latent[checked], following[checked], atol=1e-5)
+    buffer.memory.zero_()
+    _, forgetful, _ = replay()
+    assert not torch.allclose(forgetful[checked], following[checked], atol=1e-3)
+
+
+def _share_balanced(runner, steps: int) -> float:
+    """The share of the envs whose deterministic policy keeps the pole up for ``steps`` steps from a reset."""
+    env, policy = runner.env, runner.policy
+    obs, up = env.reset(), torch.ones(env.num_envs, dtype=torch.bool)
+    policy.reset()
+    with torch.inference_mode():
+        for _ in range(steps):
+            obs, _, dones, _ = env.step(policy(obs))
+            policy.reset(dones)
+            up &= ~dones
+    return float(up.float().mean())
+
+
+def test_a_recurrent_td3_balances_a_cartpole_seen_through_positions_only_where_a_feed_forward_one_cannot(seed,
+                                                                                                      learned):
+    """Cart-pole whose policy observes the cart's and the pole's positions, not their velocities
+    (the critics see them): after the same 80 iterations (81,920 env steps), the share of 64 envs
+    the deterministic policy keeps up for a whole 10 s episode. Over training seeds 0-11 the LSTM
+    kept all of them up every time (after 60 iterations only 6 of 10 seeds did: hence 80); the
+    feed-forward actor kept 0-41% (mean 14%, sd 16%). Bounds: the LSTM above 90%, the feed-forward
+    one losing more than 40% (2.9 sd below its mean loss of 86%)."""
+    balanced = {}
+    for actor, overrides in (("lstm", ("agent.actor.rnn.type=lstm", "agent.actor.rnn.hidden_size=32")), ("mlp", ())):
+        runner = make_runner("task=cartpole_positions_only", "agent=td3", f"seed={seed}", "sim.num_envs=64",
+                             "agent.num_steps_per_env=16", "agent.off_policy.batch_size=2048", *overrides)
+        runner.learn(80)
+        balanced[actor] = _share_balanced(runner, 499)
+    print(f"balanced for 10 s: LSTM {balanced['lstm']:.0%}, feed-forward {balanced['mlp']:.0%}")
+    learned(lstm_balanced=(balanced["lstm"], 0.9), mlp_fell=(1 - balanced["mlp"], 0.4))
+
+
 def test_a_distributional_critic_projects_returns_onto_its_atoms():
     """C51's projection keeps the probability mass, moves a distribution by a whole number of atom
     spacings exactly, puts the mean where the shifted support's is (inside the range), and piles
@@ -193,10 +260,12 @@ def test_a_distributional_prioritized_sac_trains_without_non_finite_numbers():
     assert float(runner.buffer.priorities[:runner.buffer.size].std()) > 0  # the TD errors set them
 
 
-def test_off_policy_checkpoints_resume_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("actor", ["mlp", "lstm"])
+def test_off_policy_checkpoints_resume_bit_for_bit(tmp_path, actor):
     """TD3 with the buffer in its checkpoints: 2 iterations, a checkpoint, a new process's runner
-    resuming from it for 2 more, equals 4 iterations straight (actor, critics, buffer)."""
-    overrides = (*SMALL, "agent=td3", "agent.off_policy.checkpoint_buffer=true")
+    resuming from it for 2 more, equals 4 iterations straight (actor, critics, buffer; a recurrent
+    actor's memory of the episodes under way and the memories its buffer keeps)."""
+    overrides = (*SMALL, "agent=td3", "agent.off_policy.checkpoint_buffer=true", *(LSTM if actor == "lstm" else ()))
     straight = make_runner(*overrides)
     straight.learn(4)
     first = make_runner(*overrides, log_dir=tmp_path)
@@ -210,6 +279,12 @@ def test_off_policy_checkpoints_resume_bit_for_bit(tmp_path):
     for name, a in straight.learner.critic.state_dict().items():
         assert torch.equal(a, resumed.learner.critic.state_dict()[name]), name
     assert torch.equal(straight.buffer.rewards, resumed.buffer.rewards)
+    if actor == "lstm":
+        assert straight.learner.updates > 0 and straight.buffer.memory is not None
+        assert torch.equal(straight.buffer.memory, resumed.buffer.memory)
+        assert straight.buffer.memory.abs().max() > 0
+        for a, b in zip(straight.policy.get_hidden_state(), resumed.policy.get_hidden_state(), strict=True):
+            assert torch.equal(a, b)
 
 
 def test_async_holds_the_update_to_data_ratio_both_ways_and_resumes(tmp_path):
@@ -255,11 +330,18 @@ def test_a_ppo_checkpoint_is_refused_by_an_off_policy_run_naming_both(tmp_path):
 def test_off_policy_configs_it_cannot_run_are_refused_by_name():
     with pytest.raises(ConfigError) as e:
         api.validate(compose("task=cartpole", "agent=sac", "agent.mode=dagger", "agent.off_policy.gamma=1.5",
-                             "agent.actor.rnn.type=lstm", "agent.off_policy.exploration_noise=[0.5,0.1]"))
+                             "agent.critic.rnn.type=gru", "agent.off_policy.exploration_noise=[0.5,0.1]"))
     message = str(e.value)
     for expected in ("agent.mode=dagger: agent.learner=sac trains with agent.mode=sync", "agent.off_policy.gamma=1.5",
-                     "feed-forward networks", "agent.off_policy.exploration_noise=[0.5, 0.1]"):
+                     "takes feed-forward critics", "agent.off_policy.exploration_noise=[0.5, 0.1]"):
         assert expected in message
+    with pytest.raises(ConfigError) as e:
+        api.validate(compose("task=cartpole", "agent=td3", *LSTM, "agent.off_policy.prioritized=true",
+                             "agent.off_policy.buffer_size=7"))
+    for expected in ("agent.off_policy.prioritized: a recurrent actor (agent.actor.rnn) replays sequences",
+                     "agent.off_policy.buffer_size=7: a recurrent actor replays windows of burn_in + sequence_length "
+                     "+ n_step - 1 = 8 steps"):
+        assert expected in str(e.value)
     with pytest.raises(ConfigError, match="agent.learner=ddpg: choose ppo, sac or td3"):
         api.validate(compose("task=cartpole", "agent.learner=ddpg"))
     # cart-pole: 4 + 4 observations, an action, a reward (fp32), two flags: 42 bytes per transition
@@ -300,3 +382,44 @@ def test_legion_train_td3_then_export_carries_the_squashing_into_onnx_and_the_ru
                                        'commands={"forward": [0.5, 0, 0]}')
     assert code == 0, err[-2000:]
     assert "forward" in out and (run / "eval" / "model_2.json").is_file()
+
+
+def test_a_recurrent_td3_run_exports_its_memory_and_squashing_and_the_runtime_carries_them(tmp_path):
+    """`legion train agent=td3 agent.actor.rnn.type=lstm`, `legion export`: the ONNX graph carries the
+    LSTM's state as inputs and outputs and ends in tanh times the bound; onnxruntime, carrying the
+    state, equals the trained actor over 60 steps with episodes restarting."""
+    import onnx
+
+    from legion.sim2real.deploy import OnnxPolicy
+    from legion.sim2real.deploy.contract import Recurrent
+
+    run = tmp_path / "run"
+    code, out, err = legion_in_process("train", "task=cartpole_positions_only", "agent=td3", *LSTM, "sim.num_envs=8",
+                                       "agent.max_iterations=2", "agent.num_steps_per_env=8",
+                                       "agent.off_policy.batch_size=64", "agent.off_policy.action_bound=2.5",
+                                       f"hydra.run.dir={run}")
+    assert code == 0, err[-2000:]
+    assert "[it 2/2]" in out and "critic loss" in out
+    code, out, err = legion_in_process("export", f"run={run}")
+    assert code == 0, err[-2000:]
+    operators = [node.op_type for node in onnx.load(run / "exported" / "policy.onnx").graph.node]
+    assert "LSTM" in operators and "Tanh" in operators
+    policy = OnnxPolicy(run / "exported" / "policy.onnx")
+    assert policy.recurrent == Recurrent(type="lstm", hidden_size=16, num_layers=1)
+    loaded = api.load_run(run, num_envs=8)
+    env, actor = loaded.env, loaded.runner.policy
+    state, error, restarts = policy.initial_state(8), 0.0, 0
+    with torch.inference_mode():
+        actor.reset()
+        obs = env.get_observations()
+        for _ in range(60):
+            actions = actor(obs)
+            onnx_actions, state = policy(obs["policy"].numpy(), state)
+            error = max(error, float(np.abs(onnx_actions - actions.numpy()).max()))
+            assert np.abs(onnx_actions).max() <= 2.5
+            obs, _, dones, _ = env.step(actions)
+            actor.reset(dones)
+            for s in state:
+                s[:, dones.numpy()] = 0.0
+            restarts += int(dones.sum())
+    assert restarts > 0 and error <= 1e-5, error
