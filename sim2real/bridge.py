@@ -1,6 +1,8 @@
 """`legion bridge`: a simulated Unitree robot on the robot's own DDS topics, in plain MuJoCo.
 
-The robot is the export's ``robot.mjb`` (the model Newton trained on, nominal parameters). Each
+The robot is the export's ``robot.mjb`` (the model Newton trained on, nominal parameters), or, with
+``reality``, that model with the physics of a reality file (:mod:`legion.sim2real.reality`: latency,
+motor friction, gains, payload, sensor noise ...: a stand-in that is not the training model). Each
 tick of the robot's rate (500 Hz: Unitree's low-level rate; the physics timestep is one tick),
 the bridge takes the newest ``rt/lowcmd``, applies each motor's command as the robot's motor
 drivers do, ``tau = kp (q* - q) + kd (dq* - dq) + tau_ff`` clipped to the motor's torque limits
@@ -43,6 +45,7 @@ from legion.sim2real.deploy.unitree import (
     motor_order,
     participant,
 )
+from legion.sim2real.reality import RealityRobot
 
 FAULTS = ("silent", "bad_crc", "nan")
 
@@ -54,11 +57,12 @@ class UnitreeBridge:
         exported: an export folder (``policy.json`` and ``robot.mjb``) or a run folder holding ``exported/``.
         robot: ``"go2"`` or ``"g1"`` (:data:`~legion.sim2real.deploy.unitree.ROBOTS`).
         domain, interface: DDS domain and network interface (``lo``: this computer only).
-        rate_hz: LowState rate and physics rate [Hz].
+        rate_hz: LowState rate and physics rate [Hz] (a reality may step its physics faster).
+        reality: a reality file (:func:`~legion.sim2real.reality.load_reality`) or a loaded one.
     """
 
     def __init__(self, exported: str | Path, robot: str = "go2", domain: int = 0, interface: str | None = "lo",
-                 rate_hz: float = 500.0):
+                 rate_hz: float = 500.0, reality=None):
         folder = exported_folder(exported)
         if not (folder / "robot.mjb").is_file():
             raise ValueError(f"{folder} has no robot.mjb (the robot as trained, in MuJoCo): export again with this "
@@ -68,8 +72,16 @@ class UnitreeBridge:
         meta = PolicyContract.load(folder / "policy.json")
         self.spec = ROBOTS[robot]
         self.motors = motor_order(self.spec, meta.joint_names)  # motor index of each policy joint
-        self.sim = MuJoCoRobot(folder / "robot.mjb", meta)
-        self.sim.model.opt.timestep = self.period = 1.0 / rate_hz
+        self.period = 1.0 / rate_hz
+        if reality is not None:
+            from legion.sim2real.reality import Reality, load_reality
+
+            reality = reality if isinstance(reality, Reality) else load_reality(reality)
+            self.sim: MuJoCoRobot = RealityRobot(folder / "robot.mjb", meta, reality, tick_s=self.period)
+        else:
+            self.sim = MuJoCoRobot(folder / "robot.mjb", meta)
+            self.sim.model.opt.timestep = self.period
+        self.reality = reality
         if not self.sim.explicit_pd:
             raise ValueError(f"{folder}/robot.mjb drives its joints with MuJoCo actuators; the bridge applies the "
                              "motor commands itself (export the run again with this version of legion).")
@@ -115,15 +127,17 @@ class UnitreeBridge:
         mujoco.mju_quat2Mat(rot, quat)
         rot = rot.reshape(3, 3)
         accel = rot.T @ (d.qacc[0:3] - self.gravity)  # an IMU's specific force [m/s^2], base frame
+        q, dq, dd = d.qpos[sim.qpos_ids], d.qvel[sim.qvel_ids], d.qacc[sim.qvel_ids]
+        tau, gyro = d.qfrc_applied[sim.qvel_ids], d.qvel[3:6]
+        if isinstance(sim, RealityRobot):  # what the robot's sensors read
+            q, dq, gyro, accel = sim.sense(q, dq, gyro, accel)
         w, x, y, z = quat
         rpy = [math.atan2(2 * (w * x + y * z), 1 - 2 * (x * x + y * y)),
                math.asin(max(-1.0, min(1.0, 2 * (w * y - z * x)))),
                math.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))]
         for imu in (msg.imu_state, self.sport.imu_state):
-            imu.quaternion, imu.gyroscope = quat.tolist(), d.qvel[3:6].tolist()
+            imu.quaternion, imu.gyroscope = quat.tolist(), gyro.tolist()
             imu.accelerometer, imu.rpy = accel.tolist(), rpy
-        q, dq, dd = d.qpos[sim.qpos_ids], d.qvel[sim.qvel_ids], d.qacc[sim.qvel_ids]
-        tau = d.qfrc_applied[sim.qvel_ids]
         for k, motor in enumerate(self.motors):
             m = msg.motor_state[motor]
             m.mode, m.q, m.dq, m.ddq, m.tau_est = 1, float(q[k]), float(dq[k]), float(dd[k]), float(tau[k])

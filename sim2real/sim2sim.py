@@ -190,11 +190,12 @@ class PerturbedRobot:
 
 
 def run_mujoco(model, onnx_path: Path, commands: np.ndarray, steps: int, realtime: bool,
-               options: dict, perturbation: Perturbation | None = None) -> tuple[list[dict], dict]:
+               options: dict, perturbation: Perturbation | None = None, reality=None) -> tuple[list[dict], dict]:
     """One episode per command on the MuJoCo robot (``model``: an MJCF path or an MjModel) through
     the edge runtime's control loop; ``options``: MuJoCo solver options (see :class:`MuJoCoRobot`);
-    ``perturbation``: a robustness condition (default: nominal)."""
-    episodes = MuJoCoEpisodes(model, onnx_path, options, realtime, perturbation)
+    ``perturbation``: a robustness condition (default: nominal); ``reality``: a
+    :class:`~legion.sim2real.reality.Reality` the robot is made of (default: the model's own physics)."""
+    episodes = MuJoCoEpisodes(model, onnx_path, options, realtime, perturbation, reality)
     results = []
     for command in commands:
         trace = episodes.run(command, steps)
@@ -209,13 +210,15 @@ class MuJoCoEpisodes:
     statistics add up over them (:meth:`loop_summary`)."""
 
     def __init__(self, model, onnx_path: Path, options: dict, realtime: bool = False,
-                 perturbation: Perturbation | None = None):
+                 perturbation: Perturbation | None = None, reality=None):
         from legion.sim2real.deploy import PolicyRunner
         from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
+        from legion.sim2real.reality import RealityRobot
 
         self.runner = PolicyRunner(onnx_path)
         self.meta, self.dt, self.realtime = self.runner.metadata, self.runner.control_dt, realtime
-        self.plain = MuJoCoRobot(model, self.meta, options=options)
+        self.plain = (RealityRobot(model, self.meta, reality, options=options) if reality is not None
+                      else MuJoCoRobot(model, self.meta, options=options))
         self.robot = PerturbedRobot(self.plain, perturbation or Perturbation(), self.dt)
         self.falls = FallDetector(self.plain, self.meta.fall)
         self.latency: list[float] = []
@@ -513,7 +516,7 @@ def mean_row(rows: list[dict]) -> dict:
 
 def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: float = 10.0,
             commands=DEFAULT_COMMANDS, physics: str = "mjcf", realtime: bool = False, overrides=(),
-            robustness: bool = False, episodes: int = 50, pushes: dict | None = None) -> dict:
+            robustness: bool = False, episodes: int = 50, pushes: dict | None = None, reality=None) -> dict:
     """``legion sim2sim`` as a function: the exported policy in Newton and in plain MuJoCo. A task
     with a position or pose command (arm_lift, arm_reach) goes to :func:`compare_goals`
     (``episodes``); the rest of this describes velocity commands (locomotion).
@@ -526,7 +529,9 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     :data:`ROBUSTNESS` condition (``"robustness"``: condition name -> row, the forward command's
     error added) and the push sweep (``"push_sweep"``: :func:`push_sweep` in episodes of
     ``min(duration_s, 5)`` seconds; ``pushes``: :meth:`PushSweep.for_task`'s keyword arguments);
-    raises ValueError (and the load/export errors) for a bad request.
+    ``reality`` (a reality file, :mod:`legion.sim2real.reality`) makes the MuJoCo robot of every
+    episode a stand-in with that physics (``"reality"``: its name). Raises ValueError (and the
+    load/export errors) for a bad request.
     """
     from legion.api import load_run
     from legion.configs import load_run_config
@@ -539,6 +544,10 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     if task.command is not None and task.command.type in ("position", "pose"):
         return compare_goals(run, checkpoint, onnx, episodes, physics, overrides)
     sweep = PushSweep.for_task(task, **(pushes or {})) if robustness else None  # refused before any work
+    if reality is not None:
+        from legion.sim2real.reality import load_reality
+
+        reality = load_reality(reality)
     commands = np.asarray(commands, dtype=np.float32).reshape(-1, 3)
     still = [f"sim.num_envs={len(commands)}"] + [f"++task.events.{name}.enabled=false" for name in task.events]
     loaded = load_run(run, checkpoint, [*still, *overrides])
@@ -556,17 +565,18 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     policy = OnnxPolicy(onnx)
     steps = int(round(min(duration_s, settings.task.episode_length_s) / env.step_dt))
     newton = run_newton(env, policy, commands, steps)
-    mujoco_rows, loop = run_mujoco(model, Path(onnx), commands, steps, realtime, options)
+    mujoco_rows, loop = run_mujoco(model, Path(onnx), commands, steps, realtime, options, reality=reality)
     result = {"newton": newton, "mujoco": mujoco_rows,
               "mean": {"newton": mean_row(newton), "mujoco": mean_row(mujoco_rows)},
-              "loop": loop, "steps": steps, "control_dt": env.step_dt, "onnx": str(onnx)}
+              "loop": loop, "steps": steps, "control_dt": env.step_dt, "onnx": str(onnx),
+              "reality": reality.name if reality is not None else None}
     result["notes"] = runtime_notes(env.action, loop)
     if sweep is not None:
         result["robustness"] = {}
         for condition in ROBUSTNESS:
-            rows, _ = run_mujoco(model, Path(onnx), commands, steps, realtime, options, condition)
+            rows, _ = run_mujoco(model, Path(onnx), commands, steps, realtime, options, condition, reality)
             result["robustness"][condition.name] = {**mean_row(rows), "forward_error": rows[0]["vel_error_xy"]}
-        runtime = MuJoCoEpisodes(model, Path(onnx), options)
+        runtime = MuJoCoEpisodes(model, Path(onnx), options, reality=reality)
         push_steps = int(round(min(duration_s, 5.0, settings.task.episode_length_s) / env.step_dt))
         result["push_sweep"] = push_sweep(runtime, commands, push_steps, sweep)
     return result

@@ -236,6 +236,9 @@ def test_legion_deploy_against_the_bridge_status_log_and_ctrl_c_damps(bridge, go
     assert bridge.last_command.motor_cmd[0].kp == 0 and bridge.last_command.motor_cmd[0].kd > 0
     episode = np.load(tmp_path / "log" / "episode_000000.npz")
     assert (episode["mode"] == 0).sum() >= 40 and np.allclose(episode["command"][0], [0.5, 0, 0])
+    # what calibrating the simulator needs besides the policy's state: the motors' torque, the accelerometer
+    assert episode["joint_torque"].shape == episode["joint_pos"].shape and np.abs(episode["joint_torque"]).max() > 1
+    assert 5 < np.nanmedian(np.linalg.norm(episode["base_accel"], axis=1)) < 15  # gravity's 9.81, standing/walking
 
 
 def test_legion_bridge_command_serves_a_client(go2_export):

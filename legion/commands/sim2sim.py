@@ -8,7 +8,7 @@ from pathlib import Path
 from legion.commands import UsageError, flag, number, run_args
 
 HELP = """usage: legion sim2sim run=<run folder> [duration_s=10] [commands=JSON] [realtime=false]
-                      [robustness=true [pushes=0.5,1.0] [push_directions=8] [push_phases=3]]
+                      [reality=<yaml>] [robustness=true [pushes=0.5,1.0] [push_directions=8] [push_phases=3]]
                       [key=value ...]
 
 Exports the run's policy (as `legion export`, into <run>/exported/ unless onnx=PATH names an
@@ -23,6 +23,10 @@ error of (v_x, v_y) and yaw rate, falls, survival time, tracking return.
                      then the two columns agree to ~1e-6 and check the export and the runtime end to end
   realtime=true      pace the MuJoCo loop at the control rate (deadline stats then mean wall time)
   json=PATH          also write the table as JSON
+  reality=<yaml>     the MuJoCo robot has the physics of this reality file, not the training model's:
+                     latency with jitter, motor friction, armature, gains, torque limits, gear play,
+                     payload, foot friction, sensor noise and bias, its own physics rate (examples:
+                     configs/reality/*.yaml; the format: docs/deployment.md)
   robustness=true    also run the MuJoCo robot under each condition of sim2sim.ROBUSTNESS, alone and
                      combined: floor friction 0.25 and 0.4, base mass +-20%, kp -20%, actuator
                      latency 20 and 40 ms, sensor noise (legged_gym's), pushes of 0.5 m/s every 3 s;
@@ -56,7 +60,7 @@ def run(args: list[str]) -> None:
     run, options, overrides = run_args(args, HELP, {
         "checkpoint": None, "onnx": None, "duration_s": "10", "commands": json.dumps(s2s.DEFAULT_COMMANDS),
         "realtime": "false", "json": None, "physics": "mjcf", "robustness": "false", "episodes": "50",
-        "pushes": None, "push_directions": "8", "push_phases": "3", "plot": None})
+        "pushes": None, "push_directions": "8", "push_phases": "3", "plot": None, "reality": None})
     try:
         commands = json.loads(options["commands"])
     except ValueError as e:
@@ -71,7 +75,7 @@ def run(args: list[str]) -> None:
     result = s2s.compare(run, options["checkpoint"], Path(options["onnx"]) if options["onnx"] else None,
                          number("duration_s", options["duration_s"], float), commands, options["physics"],
                          options["realtime"].lower() == "true", overrides, flag("robustness", options["robustness"]),
-                         number("episodes", options["episodes"], int), pushes)
+                         number("episodes", options["episodes"], int), pushes, options["reality"])
     if result.get("kind") == "goals":
         print(f"[legion] sim2sim {result['onnx']}: {len(result['newton'])} episodes x "
               f"{result['steps'] * result['control_dt']:g} s from the same starts, MuJoCo physics={options['physics']}")
@@ -81,7 +85,8 @@ def run(args: list[str]) -> None:
         return
     print(f"[legion] sim2sim {result['onnx']}: {len(result['newton'])} commands x "
           f"{result['steps'] * result['control_dt']:g} s "
-          f"({result['steps']} control steps of {result['control_dt']:g} s), MuJoCo physics={options['physics']}")
+          f"({result['steps']} control steps of {result['control_dt']:g} s), MuJoCo physics={options['physics']}"
+          + (f", the MuJoCo robot made of reality {result['reality']}" if result.get("reality") else ""))
     print(s2s.table(result))
     if "robustness" in result:
         print(f"\nThe MuJoCo robot under each condition ({len(commands)} commands; falls; tracking error "

@@ -11,7 +11,9 @@ Arrays of an episode of T ticks (NaN where a tick has no value, e.g. no state re
 
 - every key of the robot state dict (:mod:`legion.sim2real.deploy.policy`): ``joint_pos`` (T, J)
   [rad], ``joint_vel`` (T, J) [rad/s], ``base_quat`` (T, 4) (x, y, z, w), ``base_lin_vel`` /
-  ``base_ang_vel`` (T, 3) base frame [m/s, rad/s], ``base_pos`` (T, 3) [m], ``timestamp`` (T,) [s]
+  ``base_ang_vel`` (T, 3) base frame [m/s, rad/s], ``base_pos`` (T, 3) [m], ``timestamp`` (T,) [s];
+  from a Unitree robot also ``joint_torque`` (T, J) [N m] (the motors' tau_est), ``base_accel``
+  (T, 3) [m/s^2] (the IMU's accelerometer, base frame) and ``foot_force`` (Go2)
 - ``targets`` (T, J) [rad]: the joint position targets written (NaN while stopped and damping)
 - ``obs`` (T, obs_dim) and ``actions`` (T, num_actions): the policy's input and output (NaN on
   ticks where the policy did not run: watchdog holds, stops)

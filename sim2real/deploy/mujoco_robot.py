@@ -47,6 +47,16 @@ def pd_torque(q_target, q, dq, kp, kd, effort_limit, saturation=None, velocity_l
     return np.clip(tau, low, high)
 
 
+def motor_gains(metadata: PolicyContract) -> tuple[np.ndarray, ...]:
+    """Per policy joint, the PD law and the motors' clip training ran (:func:`pd_torque`'s): kp,
+    kd, effort limit, saturation and velocity limit (NaN where a motor has no torque-speed line)."""
+    motors = metadata.actuators
+    return (np.asarray(metadata.joint_stiffness, np.float64), np.asarray(metadata.joint_damping, np.float64),
+            np.asarray(metadata.effort_limits, np.float64),
+            np.array([a.saturation_effort or np.nan for a in motors], np.float64),
+            np.array([a.velocity_limit or np.nan for a in motors], np.float64))
+
+
 def find_id(model, objtype, name: str, others=()) -> int:
     """The id of ``name``, or of the one object whose name ends with ``_name`` or ``/name``
     (Newton prefixes the names it imports with the model's, e.g. ``go2_description_FL_hip_joint``,
@@ -135,10 +145,7 @@ class MuJoCoRobot:
         self.explicit_pd = not driven.any()
         action_joints = metadata.action.joint_ids
         if self.explicit_pd:  # the PD law (and the motors' clip) as training ran it, before every step
-            motors = metadata.actuators
-            self.gains = (kp, kd, np.asarray(metadata.effort_limits, np.float64),
-                          np.array([a.saturation_effort or np.nan for a in motors], np.float64),
-                          np.array([a.velocity_limit or np.nan for a in motors], np.float64))
+            self.gains = motor_gains(metadata)
         elif not driven[action_joints].all():
             missing = [names[j] for j in action_joints if not driven[j]]
             raise ValueError(f"{where}: joints {missing} have no actuator; add <position> actuators.")

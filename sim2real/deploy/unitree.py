@@ -619,6 +619,9 @@ class UnitreeRobot:
                  "joint_vel": np.array([m.dq for m in motors], np.float32),
                  "base_quat": np.array([x, y, z, w], np.float32),
                  "base_ang_vel": np.array(msg.imu_state.gyroscope, np.float32),
+                 # not read by a policy; logged (`legion deploy log=`) for calibrating the simulator
+                 "joint_torque": np.array([m.tau_est for m in motors], np.float32),
+                 "base_accel": np.array(msg.imu_state.accelerometer, np.float32),
                  "timestamp": arrived}
         if self.model.family == "go":
             state["foot_force"] = np.array(msg.foot_force, np.float32)

@@ -1,0 +1,179 @@
+"""A robot stand-in that is not the training model (legion/sim2real/reality.py): reality files
+checked by name, each effect acting as written (latency at physics-step resolution with its
+jitter, the drivers' gains, gear play and torque limit, friction, payload, sensors), the shipped
+realities standing a Go2, and `legion sim2sim` / `legion bridge` running one."""
+
+import numpy as np
+import pytest
+
+from conftest import export_untrained_run, legion_in_process
+from legion.sim2real.reality import Latency, Reality, RealityRobot, load_reality
+
+SHIPPED = ("go2_worn_motors", "go2_payload", "go2_backlash")
+
+
+@pytest.fixture(scope="module")
+def go2(tmp_path_factory):
+    """An untrained Go2 quadruped_flat run with its export (robot.mjb: the model as trained)."""
+    run = tmp_path_factory.mktemp("go2")
+    made = export_untrained_run(run, "task=quadruped_flat", "robot=go2")
+    return {"run": run, "mjb": made["out"] / "robot.mjb", "meta": _meta(made["out"])}
+
+
+def _meta(out):
+    from legion.sim2real.deploy.contract import PolicyContract
+
+    return PolicyContract.load(out / "policy.json")
+
+
+def _reality(tmp_path, text: str):
+    path = tmp_path / "reality.yaml"
+    path.write_text(text)
+    return path
+
+
+def _stand(robot, meta, seconds: float) -> float:
+    """Holds the default pose for ``seconds``; the base height [m] at the end."""
+    for _ in range(round(seconds / (meta.physics_dt * meta.decimation))):
+        robot.write_targets(np.asarray(meta.default_joint_pos))
+    return float(robot.data.qpos[2])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("latency_ms: {mena: 3}", r"Key 'mena' not in 'Latency'"),
+    ("lantency_ms: {mean: 3}", r"Key 'lantency_ms' not in 'Reality'"),
+    ("latency_ms: {mean: 3, jitter: -1}", r"latency_ms.jitter=-1.0: must be >= 0"),
+    ("joints: {'.*_calf_joint': {backlash: -0.1}}", r"joints..\*_calf_joint.backlash=-0.1: must be >= 0"),
+    ("base: {com_offset_m: [0.1, 0]}", r"base.com_offset_m=\[0.1, 0.0\]: give \[x, y, z\]"),
+    ("physics_hz: fast", r"Value 'fast' of type 'str' could not be converted to Float"),
+])
+def test_a_reality_file_that_is_wrong_is_refused_by_name(tmp_path, text, message):
+    with pytest.raises(ValueError, match=r"reality=.*reality.yaml: .*" + message):
+        load_reality(_reality(tmp_path, text))
+
+
+def test_a_reality_the_robot_cannot_be_made_of_is_refused_naming_what_is_wrong(go2, tmp_path):
+    with pytest.raises(ValueError, match=r"joints \['.\*_knee'\] match none of the policy's joints \(FL_hip_joint"):
+        RealityRobot(go2["mjb"], go2["meta"], load_reality(_reality(tmp_path, "joints: {'.*_knee': {kp_scale: 0.5}}")))
+    with pytest.raises(ValueError, match=r"physics_hz=300 does not divide the caller's step of 5 ms"):
+        RealityRobot(go2["mjb"], go2["meta"], Reality(physics_hz=300))
+    with pytest.raises(ValueError, match=r"no such file, nor a shipped reality \(go2_backlash, go2_payload"):
+        load_reality("go2_on_ice")
+
+
+def test_commands_act_after_their_latency_at_physics_step_resolution_with_its_jitter(go2):
+    """1 kHz physics, ticks of 1 ms: a command sent at a tick acts from the 7th physics step on
+    with a latency of 7 ms; with a jitter of 3 ms the delays of 4,000 commands have that mean and
+    spread (a normal cut at zero: at 7 ms mean, 1 in 100 is cut)."""
+    meta = go2["meta"]
+    robot = RealityRobot(go2["mjb"], meta, Reality(physics_hz=1000, latency_ms=Latency(7.0)), tick_s=0.001)
+    default, moved = np.asarray(meta.default_joint_pos), np.asarray(meta.default_joint_pos) + 0.1
+    robot.physics_step(moved)
+    acting = [bool(np.allclose(robot.acting[0], moved))]
+    for _ in range(9):
+        robot.physics_step()
+        acting.append(bool(np.allclose(robot.acting[0], moved)))
+    assert acting == [False] * 7 + [True] * 3
+    jittery = RealityRobot(go2["mjb"], meta, Reality(physics_hz=1000, latency_ms=Latency(7.0, 3.0)), tick_s=0.001)
+    for _ in range(4000):
+        jittery.send(default)
+    delays = np.array([c[0] - jittery.data.time for c in jittery.in_flight]) * 1e3
+    assert delays.min() >= 0 and np.mean(delays) == pytest.approx(7.0, abs=0.15)
+    assert np.std(delays) == pytest.approx(3.0, rel=0.06)
+
+
+def test_the_drivers_and_joints_of_a_reality_act_as_written(go2, tmp_path):
+    """At rest in the default pose, targets 0.1 rad off: the calf motors push with 0.5 kp on the
+    error less half the gear play (0.04 rad), clipped at their 5 N m limit where that is less; the
+    thighs keep the model's drivers. The joints carry the written friction and armature."""
+    meta = go2["meta"]
+    reality = load_reality(_reality(tmp_path, """
+joints:
+  FL_calf_joint: {kp_scale: 0.5, backlash: 0.04, coulomb_friction: 0.3, viscous_friction: 0.1, armature: 0.05}
+  .*_calf_joint: {kp_scale: 0.5, backlash: 0.04, torque_limit: 5.0}
+"""))
+    nominal = RealityRobot(go2["mjb"], meta, Reality())
+    robot = RealityRobot(go2["mjb"], meta, reality)
+    kp = np.asarray(meta.joint_stiffness)
+    names = meta.joint_names
+    calf, fl_calf, thigh = names.index("FR_calf_joint"), names.index("FL_calf_joint"), names.index("FR_thigh_joint")
+    target = np.asarray(meta.default_joint_pos) + 0.1
+    robot.physics_step(target)
+    nominal.physics_step(target)
+    assert robot.tau[fl_calf] == pytest.approx(min(0.5 * kp[fl_calf] * 0.08, meta.effort_limits[fl_calf]), rel=1e-6)
+    assert robot.tau[calf] == pytest.approx(min(0.5 * kp[calf] * 0.08, 5.0), rel=1e-6)
+    assert robot.tau[thigh] == pytest.approx(nominal.tau[thigh], rel=1e-6)
+    assert nominal.tau[calf] == pytest.approx(min(kp[calf] * 0.1, meta.effort_limits[calf]), rel=1e-6)
+    dof = robot.qvel_ids[fl_calf]
+    assert robot.model.dof_frictionloss[dof] == 0.3 and robot.model.dof_armature[dof] == 0.05
+    assert robot.model.dof_damping[dof] == pytest.approx(nominal.model.dof_damping[dof] + 0.1)
+    assert robot.model.dof_frictionloss[robot.qvel_ids[calf]] == 0.0  # FR's calf: the second pattern
+
+
+def test_a_payload_or_weaker_drivers_make_the_go2_stand_lower_and_each_shipped_reality_stands_it(go2):
+    """Holding the default pose for 1.5 s: 3 kg on the base, or the worn motors' 85% kp, lower it
+    by more than 5 mm against the nominal model; every shipped reality keeps it standing."""
+    meta = go2["meta"]
+    nominal = _stand(RealityRobot(go2["mjb"], meta, Reality()), meta, 1.5)
+    heights = {name: _stand(RealityRobot(go2["mjb"], meta, load_reality(name)), meta, 1.5) for name in SHIPPED}
+    print(f"base height nominal {nominal:.4f} m, " + ", ".join(f"{k} {v:.4f}" for k, v in heights.items()))
+    assert heights["go2_payload"] < nominal - 0.005 and heights["go2_worn_motors"] < nominal - 0.005
+    assert all(h > 0.2 for h in heights.values())
+
+
+def test_the_sensors_read_with_the_reality_noise_and_bias(go2, tmp_path):
+    meta = go2["meta"]
+    reality = load_reality(_reality(tmp_path, """
+encoders: {position_noise: 0.01, position_bias: 0.02, velocity_noise: 0.5}
+imu: {gyro_noise: 0.1, gyro_bias: [0.05, 0.0, -0.05]}
+"""))
+    robot = RealityRobot(go2["mjb"], meta, reality)
+    truth = robot.data.qpos[robot.qpos_ids].copy()
+    readings = [robot.read_state() for _ in range(2000)]
+    error = np.array([r["joint_pos"] for r in readings]) - truth
+    assert error.mean() == pytest.approx(0.02, abs=4 * 0.01 / np.sqrt(error.size))
+    assert error.std() == pytest.approx(0.01, rel=0.05)
+    gyro = np.array([r["base_ang_vel"] for r in readings])
+    assert np.allclose(gyro.mean(0), [0.05, 0.0, -0.05], atol=4 * 0.1 / np.sqrt(2000))
+    assert np.array([r["joint_vel"] for r in readings]).std() == pytest.approx(0.5, rel=0.05)
+
+
+def test_legion_sim2sim_runs_the_policy_on_a_reality(go2, tmp_path):
+    """The MuJoCo column is the reality's robot (its episode differs from the nominal model's);
+    the Newton column is untouched."""
+    import json
+
+    results = {}
+    for name in ("nominal", "go2_payload"):
+        code, out, err = legion_in_process("sim2sim", f"run={go2['run']}", "duration_s=1", "commands=[[0.5,0,0]]",
+                                           f"json={tmp_path / name}.json",
+                                           *(() if name == "nominal" else (f"reality={name}",)))
+        assert code == 0, err[-2000:]
+        assert ("the MuJoCo robot made of reality go2_payload" in out) == (name != "nominal")
+        results[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    nominal, payload = results["nominal"], results["go2_payload"]
+    assert payload["newton"] == nominal["newton"]
+    assert payload["mujoco"][0]["vel_error_xy"] != nominal["mujoco"][0]["vel_error_xy"]
+    code, _, err = legion_in_process("sim2sim", f"run={go2['run']}", "reality=go2_on_ice", "duration_s=1")
+    assert code != 0 and "reality=go2_on_ice: no such file, nor a shipped reality" in err
+
+
+def test_the_bridge_on_a_reality_steps_its_own_physics_rate_and_publishes_what_its_sensors_read(go2):
+    """2 kHz physics under a 500 Hz bridge: 4 physics steps a tick; the published joint positions
+    carry the encoders' bias and noise, the motors' tau_est is the torque the drivers apply."""
+    from legion.sim2real.bridge import UnitreeBridge
+
+    bridge = UnitreeBridge(go2["mjb"].parent, "go2", domain=71, interface="lo", reality="go2_backlash")
+    try:
+        assert bridge.sim.model.opt.timestep == pytest.approx(0.0005) and bridge.sim.substeps == 4
+        bridge.hold = False  # as if a LowCmd had arrived: hold the default pose
+        for _ in range(50):
+            bridge.sim.physics_step(np.asarray(go2["meta"].default_joint_pos))
+            bridge.tick()
+        truth = bridge.sim.data.qpos[bridge.sim.qpos_ids]
+        published = np.array([bridge.state.motor_state[m].q for m in bridge.motors])
+        assert 0 < np.abs(published - truth - 0.003).max() < 5 * 0.002
+        tau = np.array([bridge.state.motor_state[m].tau_est for m in bridge.motors])
+        assert np.allclose(tau, bridge.sim.tau, atol=1e-4) and np.abs(tau).max() > 1.0
+    finally:
+        bridge.close()
