@@ -59,10 +59,12 @@ class UnitreeBridge:
         domain, interface: DDS domain and network interface (``lo``: this computer only).
         rate_hz: LowState rate and physics rate [Hz] (a reality may step its physics faster).
         reality: a reality file (:func:`~legion.sim2real.reality.load_reality`) or a loaded one.
+        hung: hold the base still and level, its feet 0.3 m above where they stand (a robot hung
+            from a gantry, to identify its motors: ``legion deploy excite=...``).
     """
 
     def __init__(self, exported: str | Path, robot: str = "go2", domain: int = 0, interface: str | None = "lo",
-                 rate_hz: float = 500.0, reality=None):
+                 rate_hz: float = 500.0, reality=None, hung: bool = False):
         folder = exported_folder(exported)
         if not (folder / "robot.mjb").is_file():
             raise ValueError(f"{folder} has no robot.mjb (the robot as trained, in MuJoCo): export again with this "
@@ -82,6 +84,8 @@ class UnitreeBridge:
             self.sim = MuJoCoRobot(folder / "robot.mjb", meta)
             self.sim.model.opt.timestep = self.period
         self.reality = reality
+        if hung:
+            self.sim.hang((meta.default_root_height or 0.0) + 0.3)
         if not self.sim.explicit_pd:
             raise ValueError(f"{folder}/robot.mjb drives its joints with MuJoCo actuators; the bridge applies the "
                              "motor commands itself (export the run again with this version of legion).")

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import mujoco
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -251,7 +250,7 @@ class RealityRobot(MuJoCoRobot):
             self.tau = pd_torque(q + error, q, dq, p * self.kp_scale, v * self.kd_scale, *self.motor_limits,
                                  dq_target=dq_star, tau_ff=ff)
             d.qfrc_applied[self.qvel_ids] = self.tau
-            mujoco.mj_step(self.model, d)
+            self.mj_step()
 
     def sense(self, joint_pos: np.ndarray, joint_vel: np.ndarray, gyro: np.ndarray,
               accel: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

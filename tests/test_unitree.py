@@ -258,3 +258,62 @@ def test_legion_bridge_command_serves_a_client(go2_export):
     assert bridge.returncode == 0, out
     assert re.search(r"\[bridge\] go2 sim +[\d.]+ s \| LowCmd \d+ \(bad CRC 0\)", out), out
     assert '"waiting_for_command": false' in out, out
+
+
+def test_excitation_routines_start_and_end_at_the_default_pose_and_sweep_what_they_say():
+    from legion.sim2real.deploy.excite import Excitation
+
+    chirp = Excitation("chirp", amplitude=0.1, duration_s=20.0)
+    t = np.arange(0, 20.0001, 0.001)
+    x = np.array([chirp.offsets(s, 12) for s in t])
+    assert np.abs(x[0]).max() == 0 and np.abs(x[-1]).max() < 1e-9 and np.abs(x).max() <= 0.1
+    assert not np.allclose(x[:, 0], x[:, 1])  # the joints are phase-shifted
+    for start in (2.0, 17.0):  # the frequency from the zero crossings of joint 0 over 1 s
+        window = x[(t >= start) & (t < start + 1.0), 0]
+        crossings = np.count_nonzero(np.diff(np.sign(window)) != 0)
+        assert crossings / 2 == pytest.approx(chirp.frequency(start + 0.5), abs=0.6)
+    steps = Excitation("steps", amplitude=0.2, duration_s=10.0)
+    levels = np.array([steps.offsets(s, 12) for s in np.arange(1.0, 9.0, 0.01)])
+    assert set(np.round(np.unique(levels), 6)) == {-0.2, 0.0, 0.2}
+    for bad, message in ((dict(name="sine"), "excite=sine: choose one of chirp, steps"),
+                         (dict(amplitude=-0.1), "needs amplitude > 0 \\(got -0.1\\)"),
+                         (dict(duration_s=1.0), "duration_s > 2 fade_s \\(got 1.0, 1.0\\)")):
+        with pytest.raises(ValueError, match=message):
+            Excitation(**bad)
+
+
+def test_deploy_excites_a_hung_robot_through_the_safety_layer_and_logs_it(go2_export, tmp_path):
+    """`legion deploy excite=chirp duration_s=0` against `legion bridge hung=true`: a 3 s chirp
+    instead of the policy; its episode holds the routine's targets tick for tick, every joint
+    follows them (the legs in the air), and the motors' torques are logged."""
+    from legion.sim2real.bridge import UnitreeBridge
+    from legion.sim2real.deploy.excite import Excitation
+
+    bridge = UnitreeBridge(go2_export, "go2", domain=DOMAIN + 30, interface="lo", hung=True)
+    stop = threading.Event()
+    thread = threading.Thread(target=bridge.run, kwargs={"should_stop": stop.is_set, "duration_s": 60}, daemon=True)
+    thread.start()
+    try:
+        routine = Excitation("chirp", amplitude=0.1, duration_s=3.0, f_max=2.0, fade_s=0.5)
+        result = u.deploy(go2_export, "go2", DOMAIN + 30, "lo", duration_s=0, stand_s=0.5, hold_s=0.3,
+                          confirm=False, log_dir=tmp_path, say=lambda line: None, excite=routine)
+        height = float(bridge.sim.data.qpos[2])
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        bridge.close()
+    assert result["stopped"] is None and len(result["logs"]) == 1
+    assert height > 0.5  # held in the air
+    episode = np.load(result["logs"][0])
+    default = np.asarray(PolicyRunner(go2_export / "policy.onnx").metadata.default_joint_pos)
+    ticks = len(episode["targets"])
+    assert ticks == 150 and (episode["mode"] == 0).all() and np.isnan(episode["actions"]).all()
+    expected = np.array([routine.offsets(k * 0.02, 12) for k in range(ticks)])
+    assert np.allclose(episode["targets"] - default, expected, atol=1e-6)
+    moved = episode["joint_pos"] - default
+    # the joints follow within a tick or two of the LowCmd and LowState round trip (1.0 measured at lags 1-2)
+    follow = [min(np.corrcoef(moved[10 + lag:, j], expected[10:ticks - lag, j])[0, 1] for j in range(12))
+              for lag in (1, 2)]
+    assert max(follow) > 0.95, follow
+    assert moved.std(0) == pytest.approx(expected.std(0), rel=0.2)
+    assert np.abs(episode["joint_torque"]).max() > 0.1  # the legs' own weight and inertia, in the air

@@ -159,6 +159,7 @@ class MuJoCoRobot:
             model.actuator_biasprm[self.actuator_ids, 1] = -kp[driven]
             model.actuator_biasprm[self.actuator_ids, 2] = -kd[driven]
         self.targets = np.asarray(metadata.default_joint_pos, np.float64)
+        self.held_base: np.ndarray | None = None  # hang()
         if floor_friction is not None:
             self.set_floor_friction(floor_friction)
         self.reset()
@@ -279,7 +280,18 @@ class MuJoCoRobot:
             if kp is not None or kd is not None:
                 raise ValueError("gains per step need a model driven by explicit PD (no position actuators)")
             d.ctrl[self.actuator_ids] = self.targets[self.driven]
-        mujoco.mj_step(self.model, d)
+        self.mj_step()
+
+    def hang(self, height: float | None) -> None:
+        """Holds the floating base still and level at ``height`` [m] (its legs in the air: a robot
+        hung from a gantry, as motors are identified), from the next physics step on; None lets go."""
+        self.held_base = None if height is None else np.array([0.0, 0.0, height, 1.0, 0.0, 0.0, 0.0])
+
+    def mj_step(self) -> None:
+        """One MuJoCo step (the base held where :meth:`hang` put it)."""
+        if self.held_base is not None and self.floating:
+            self.data.qpos[0:7], self.data.qvel[0:6] = self.held_base, 0.0
+        mujoco.mj_step(self.model, self.data)
 
     def write_targets(self, joint_pos_targets: np.ndarray) -> None:
         """Sets the position targets and advances one control step (``decimation`` physics steps)."""

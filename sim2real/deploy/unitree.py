@@ -676,7 +676,7 @@ def exported_folder(path) -> Path:
 
 def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = None, command=(0.0, 0.0, 0.0),
            duration_s: float | None = None, stand_s: float = 2.0, hold_s: float = 1.0, confirm: bool = True,
-           log_dir=None, say: Callable[[str], None] = print, safety=None) -> dict:
+           log_dir=None, say: Callable[[str], None] = print, safety=None, excite=None) -> dict:
     """``legion deploy`` as a function: an exported policy on a Unitree robot (or a simulated one) over DDS.
 
     Phases, each at the policy's control rate: (1) damping (kp = 0) until Enter is pressed (only
@@ -688,8 +688,10 @@ def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = 
     every second. Whatever ends it (the duration, Ctrl-C, a fault the loop stops on), the robot
     is sent damping for half a second before this returns (or re-raises the fault's error).
 
-    ``log_dir``: the policy phase as a :class:`~legion.sim2real.deploy.TrajectoryLog` episode.
-    Returns the loop's statistics, ``stopped`` (why, or None) and the log file.
+    ``excite`` (an :class:`~legion.sim2real.deploy.excite.Excitation`): an identification routine
+    runs between (3) and (4), through the same loop and safety layer (``duration_s=0``: instead of
+    the policy). ``log_dir``: each of those phases as a :class:`~legion.sim2real.deploy.TrajectoryLog`
+    episode. Returns the loop's statistics, ``stopped`` (why, or None) and the log files.
     """
     import select
     import sys
@@ -736,7 +738,7 @@ def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = 
             unitree.damp()
             time.sleep(dt)
 
-    stopped, summary, log_path = None, {}, None
+    stopped, summary, log_paths = None, {}, []
     try:
         if confirm:
             say("[deploy] damping (kp = 0). Press Enter to stand up; Ctrl-C exits.")
@@ -747,23 +749,39 @@ def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = 
               until_enter=False)
         say("[deploy] holding the default pose" + (": press Enter to start the policy" if confirm else ""))
         paced(hold_s, lambda t: unitree.write_targets(default), until_enter=confirm)
-        say(f"[deploy] policy, command (v_x, v_y, yaw rate) = {tuple(float(c) for c in command)}"
-            + (f", for {duration_s:g} s" if duration_s else ", until Ctrl-C"))
         with TrajectoryLog(log_dir, runner) if log_dir else nullcontext() as log:
-            loop = ControlLoop(unitree, runner, safety=safety, logger=log)
-            steps_per_status, done, started = max(1, round(1.0 / dt)), 0, time.perf_counter()
-            total = None if duration_s is None else round(duration_s / dt)
-            while loop.stopped is None and (total is None or done < total):
-                chunk = steps_per_status if total is None else min(steps_per_status, total - done)
-                summary = loop.run(chunk, np.asarray(command, np.float32))
-                done += chunk
-                say(f"[deploy] {'stopped' if loop.stopped else 'policy'} {done * dt:6.1f} s | "
-                    f"{done / (time.perf_counter() - started):.1f} Hz | deadline misses {summary['misses']} | "
-                    f"latency p50 {summary['latency_p50_us']:.0f} us p99 {summary['latency_p99_us']:.0f} us | "
-                    f"holds {summary['hold']} | LowCmd sent {unitree.sent}")
-            stopped = loop.stopped
-            if log is not None:
-                log_path = log.folder / f"episode_{log.episodes:06d}.npz"
+
+            def phase(acting, ticks: int | None, label: str) -> str | None:
+                """``acting`` (the policy, or an excitation) in the control loop for ``ticks`` (None: until
+                Ctrl-C), a status line a second, one log episode; returns why the loop stopped, if it did."""
+                nonlocal summary
+                if log is not None:
+                    log.runner = acting  # the log's obs and actions are the acting one's
+                loop = ControlLoop(unitree, acting, safety=safety, logger=log)
+                steps_per_status, done, started = max(1, round(1.0 / dt)), 0, time.perf_counter()
+                while loop.stopped is None and (ticks is None or done < ticks):
+                    chunk = steps_per_status if ticks is None else min(steps_per_status, ticks - done)
+                    summary = loop.run(chunk, np.asarray(command, np.float32))
+                    done += chunk
+                    say(f"[deploy] {'stopped' if loop.stopped else label} {done * dt:6.1f} s | "
+                        f"{done / (time.perf_counter() - started):.1f} Hz | deadline misses {summary['misses']} | "
+                        f"latency p50 {summary['latency_p50_us']:.0f} us p99 {summary['latency_p99_us']:.0f} us | "
+                        f"holds {summary['hold']} | LowCmd sent {unitree.sent}")
+                if log is not None:
+                    log_paths.append(log.end_episode())
+                return loop.stopped
+
+            if excite is not None:
+                from legion.sim2real.deploy.excite import ExcitationRunner
+
+                routine = ExcitationRunner(runner, excite)
+                say(f"[deploy] excitation {excite.name}: +-{excite.amplitude:g} rad about the default pose for "
+                    f"{excite.duration_s:g} s")
+                stopped = phase(routine, routine.ticks, "excitation")
+            if stopped is None and duration_s != 0:
+                say(f"[deploy] policy, command (v_x, v_y, yaw rate) = {tuple(float(c) for c in command)}"
+                    + (f", for {duration_s:g} s" if duration_s else ", until Ctrl-C"))
+                stopped = phase(runner, None if duration_s is None else round(duration_s / dt), "policy")
     except KeyboardInterrupt:
         stopped = "interrupted"
     except BaseException as e:
@@ -775,4 +793,5 @@ def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = 
     damp_briefly()
     unitree.close()
     say(f"[deploy] {'stopped (' + stopped + ')' if stopped else 'done'}; damping sent")
-    return {**summary, "stopped": stopped, "log": str(log_path) if log_path else None}
+    logs = [str(path) for path in log_paths if path is not None]
+    return {**summary, "stopped": stopped, "log": logs[-1] if logs else None, "logs": logs}
