@@ -36,6 +36,7 @@ commands:
                  robot on its DDS topics
   deploy         a policy on a Unitree   legion deploy run=<run or exported folder> robot=go2 interface=eth0
                  robot over DDS
+  calibrate      fit the sim to logs     legion calibrate run=<run or exported folder> log=<folder of logs>
 
 `legion <command> --help` explains a command. Tasks: {tasks}
 """

@@ -14,10 +14,11 @@ from typing import TypeVar
 # command -> its module in this package
 COMMANDS = {"train": "train", "play": "play", "eval": "evaluate", "record": "record", "replay": "replay",
             "dataset": "dataset", "randomization": "randomization", "export": "export", "sim2sim": "sim2sim",
-            "robot": "robot", "bridge": "bridge", "deploy": "deploy"}
+            "robot": "robot", "bridge": "bridge", "deploy": "deploy",
+            "calibrate": "calibrate"}
 
 TRAINING_STACK = {"torch", "warp", "newton", "mujoco", "mujoco_warp", "rsl_rl", "hydra", "omegaconf", "tensordict",
-                  "tensorboard", "onnx", "h5py", "imageio", "pyarrow", "matplotlib"}
+                  "tensorboard", "onnx", "h5py", "imageio", "pyarrow", "matplotlib", "cma"}
 
 
 Number = TypeVar("Number", int, float)
