@@ -212,7 +212,7 @@ class OffPolicyLearner:
         state = self.acting.get_hidden_state()
         if state is None:  # before its first step
             return torch.zeros(self.num_envs, self.memory_size, device=self.device)
-        return torch.cat([s.transpose(0, 1).reshape(self.num_envs, -1) for s in _parts(state)], dim=-1)
+        return _flat(state)
 
     @property
     def _rnn(self) -> torch.nn.LSTM | torch.nn.GRU:
@@ -308,7 +308,7 @@ class OffPolicyLearner:
             with torch.set_grad_enabled(grad and off.burn_in <= j < off.burn_in + learned):
                 output, state = rnn(inputs[j:j + 1], state)
             outputs.append(output[0])
-            memories.append(torch.cat([s.detach().transpose(0, 1).reshape(windows, -1) for s in _parts(state)], -1))
+            memories.append(_flat(state).detach())
         batch = sequences.batch
         latent = torch.cat(outputs[off.burn_in:off.burn_in + learned])
         # the step each target bootstraps from, in its window: the next observation meets the memory after it
@@ -430,9 +430,11 @@ class OffPolicyLearner:
         self.updates, self.normalized = state["updates"], state["normalized"]
 
 
-def _parts(state) -> tuple[torch.Tensor, ...]:
-    """An RNN state's tensors: (h, c) of an LSTM, (h,) of a GRU."""
-    return state if isinstance(state, tuple) else (state,)
+def _flat(state) -> torch.Tensor:
+    """An RNN state, (h, c) of an LSTM or h of a GRU, each (layers, B, hidden), as rows (B, memory_size):
+    the layout :meth:`OffPolicyLearner._memory_state` reads."""
+    parts = state if isinstance(state, tuple) else (state,)
+    return torch.cat([part.transpose(0, 1).reshape(part.shape[1], -1) for part in parts], dim=-1)
 
 
 def nonfinite_learner(learner: OffPolicyLearner, losses: dict[str, float]) -> list[str]:
