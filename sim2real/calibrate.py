@@ -9,11 +9,14 @@ velocities and replays the logged targets; the loss is the mean squared joint-po
 over the windows, in units of the logged motion's variance. CMA-ES (the ``cma`` package) searches
 the parameters asked for, each within its prior range, scaled to [0, 1].
 
-Identifiability: a parameter whose loss profile is flat (the loss rises by less than
-``FLAT_RISE`` when it alone moves 20% of its range from the estimate) is flagged as not pinned down
-by these logs. Every fourth window is held out: the RMSE there, nominal against calibrated, says
-whether the fit generalizes. Writes ``calibration.json`` and ``reality_calibrated.yaml`` (a
-reality file of the estimates: ``legion sim2sim reality=<it>`` runs the calibrated model).
+Identifiability: a parameter is flagged as not pinned down by these logs where its loss profile
+is flat (the loss rises by less than ``FLAT_RISE`` when it alone moves 20% of its range from the
+estimate) or where its spread over a bootstrap (``bootstrap`` fits of windows drawn with
+replacement, each started from the estimate) is wider than +-20% of it (of 5% of its range where
+the estimate is near zero): CMA-ES's step size is not an uncertainty. Every fourth window is
+held out: the RMSE there, nominal against calibrated, says whether the fit generalizes. Writes
+``calibration.json`` and ``reality_calibrated.yaml`` (a reality file of the estimates: ``legion
+sim2sim reality=<it>`` runs the calibrated model).
 """
 
 from __future__ import annotations
@@ -128,11 +131,28 @@ class Fit:
                 for name, u in zip(self.names, x)}
 
 
-def calibrate(log: str | Path, exported: str | Path, names: list[str], window_s: float = 0.5,
-              max_evaluations: int = 600, seed: int = 0, out_dir: str | Path | None = None, say=print) -> dict:
-    """``legion calibrate`` as a function (module docstring). Returns the report it writes."""
+def _search(fit: Fit, start: np.ndarray, sigma: float, budget: int, seed: int, say=None) -> tuple[np.ndarray, float]:
+    """CMA-ES from ``start`` ([0, 1] coordinates) within ``budget`` evaluations: the best point and its loss."""
     import cma
 
+    es = cma.CMAEvolutionStrategy(start, sigma, {"bounds": [0, 1], "seed": seed + 1, "verbose": -9,
+                                               "maxfevals": budget})
+    first, t0 = fit.evaluations, time.perf_counter()
+    while not es.stop():
+        candidates = es.ask()
+        es.tell(candidates, [fit.loss(fit.values(np.asarray(x))) for x in candidates])
+        if say is not None:
+            done = fit.evaluations - first
+            rate = done / (time.perf_counter() - t0)
+            say(f"[calibrate] {done}/{budget} evaluations | loss {es.result.fbest:.4g} | {rate:.1f} evaluations/s | "
+                f"ETA {max(0, budget - done) / rate:.0f} s")
+    return np.asarray(es.result.xbest), float(es.result.fbest)
+
+
+def calibrate(log: str | Path, exported: str | Path, names: list[str], window_s: float = 0.5,
+              max_evaluations: int = 600, bootstrap: int = 8, bootstrap_evaluations: int = 60, seed: int = 0,
+              out_dir: str | Path | None = None, say=print) -> dict:
+    """``legion calibrate`` as a function (module docstring). Returns the report it writes."""
     from legion.sim2real.deploy.contract import PolicyContract
 
     exported = Path(exported)
@@ -145,18 +165,17 @@ def calibrate(log: str | Path, exported: str | Path, names: list[str], window_s:
     start = np.array([(0.5 if NOMINAL[n] is None else (NOMINAL[n] - PARAMETERS[n][0]) /
                        (PARAMETERS[n][1] - PARAMETERS[n][0])) for n in names])
     say(f"[calibrate] {len(fitting)} windows of {window_s:g} s to fit, {len(held_out)} held out; "
-        f"parameters {', '.join(names)}; CMA-ES, at most {max_evaluations} evaluations")
-    es = cma.CMAEvolutionStrategy(start, 0.3, {"bounds": [0, 1], "seed": seed + 1, "verbose": -9,
-                                               "maxfevals": max_evaluations})
+        f"parameters {', '.join(names)}; CMA-ES, at most {max_evaluations} evaluations, then a bootstrap of "
+        f"{bootstrap} x {bootstrap_evaluations}")
     t0 = time.perf_counter()
-    while not es.stop():
-        candidates = es.ask()
-        es.tell(candidates, [fit.loss(fit.values(np.asarray(x))) for x in candidates])
-        rate = fit.evaluations / (time.perf_counter() - t0)
-        say(f"[calibrate] {fit.evaluations}/{max_evaluations} evaluations | loss {es.result.fbest:.4g} | "
-            f"{rate:.1f} evaluations/s | ETA {max(0, max_evaluations - fit.evaluations) / rate:.0f} s")
-    x = np.asarray(es.result.xbest)
-    best, best_loss = fit.values(x), float(es.result.fbest)
+    x, best_loss = _search(fit, start, 0.3, max_evaluations, seed, say)
+    best = fit.values(x)
+    rng, resampled = np.random.default_rng(seed), []
+    for b in range(bootstrap):
+        sample = [fitting[i] for i in rng.integers(len(fitting), size=len(fitting))]
+        resampled.append(fit.values(_search(Fit(exported / "robot.mjb", meta, sample, names), x, 0.05,
+                                            bootstrap_evaluations, seed + 1 + b)[0]))
+        say(f"[calibrate] bootstrap {b + 1}/{bootstrap}")
     profile = {}
     for i, name in enumerate(names):  # the loss with this parameter alone moved 20% of its range either way
         rises = []
@@ -165,11 +184,17 @@ def calibrate(log: str | Path, exported: str | Path, names: list[str], window_s:
             moved[i] = np.clip(moved[i] + delta, 0, 1)
             if moved[i] != x[i]:
                 rises.append(fit.loss(fit.values(moved)) / best_loss - 1 if best_loss > 0 else np.inf)
-        profile[name] = {"rise": float(min(rises)), "pinned": bool(min(rises) >= FLAT_RISE)}
+        low, high = PARAMETERS[name]
+        spread = [r[name] for r in resampled] or [best[name]]
+        half_width = (max(spread) - min(spread)) / 2
+        profile[name] = {"rise": float(min(rises)), "bootstrap": [float(min(spread)), float(max(spread))],
+                         "pinned": bool(min(rises) >= FLAT_RISE
+                                        and half_width <= 0.2 * max(abs(best[name]), 0.05 * (high - low)))}
     rmse = {label: float(np.sqrt(np.mean(fit.errors(values, held_out))))
             for label, values in (("nominal", nominal), ("calibrated", best))}
     report = {"log": str(log), "export": str(exported), "windows": len(fitting), "held_out": len(held_out),
-              "evaluations": fit.evaluations, "seconds": time.perf_counter() - t0, "loss": best_loss,
+              "evaluations": fit.evaluations, "bootstrap": bootstrap, "seconds": time.perf_counter() - t0,
+              "loss": best_loss,
               "estimates": best, "profile": profile, "held_out_rmse_rad": rmse}
     out = Path(out_dir) if out_dir else Path(log)
     out.mkdir(parents=True, exist_ok=True)
@@ -186,11 +211,12 @@ def calibrate(log: str | Path, exported: str | Path, names: list[str], window_s:
 
 def table(report: dict) -> str:
     """What ``legion calibrate`` prints: each estimate, whether the logs pin it down, the held-out RMSE."""
-    rows = ["parameter           estimate   loss rise at +-20% of its range"]
+    rows = ["parameter           estimate   bootstrap range        loss rise at +-20% of its range"]
     for name, value in report["estimates"].items():
         p = report["profile"][name]
-        rows.append(f"{name:<18} {value:9.4g}   {p['rise']:+.1%}" + ("" if p["pinned"] else
-                                                                    "   NOT PINNED DOWN by these logs (flat loss)"))
+        low, high = p["bootstrap"]
+        rows.append(f"{name:<18} {value:9.4g}   [{low:8.4g}, {high:8.4g}]   {p['rise']:+.1%}"
+                    + ("" if p["pinned"] else "   NOT PINNED DOWN by these logs"))
     rmse = report["held_out_rmse_rad"]
     rows.append(f"held-out joint RMSE: nominal {rmse['nominal']:.4f} rad, calibrated {rmse['calibrated']:.4f} rad "
                 f"({rmse['calibrated'] / rmse['nominal']:.0%} of nominal)")

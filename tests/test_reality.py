@@ -207,7 +207,8 @@ def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitati
     truth = Reality(name="truth", latency_ms=Latency(10.0, 1.0), encoders=Encoders(position_noise=0.001),
                     joints={".*": Joints(kp_scale=0.8, coulomb_friction=0.3)})
     logs = _excitation_log(go2, truth, 10.0, tmp_path / "logs")
-    code, out, err = legion_in_process("calibrate", f"run={go2['run']}", f"log={logs}", "evaluations=150")
+    code, out, err = legion_in_process("calibrate", f"run={go2['run']}", f"log={logs}", "evaluations=150",
+                                       "bootstrap=3")
     assert code == 0, err[-2000:]
     assert "[calibrate] 15 windows of 0.5 s to fit, 4 held out" in out and "evaluations/s | ETA" in out
     report = json.loads((logs / "calibration.json").read_text())
@@ -217,6 +218,7 @@ def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitati
     assert estimates["coulomb_friction"] == pytest.approx(0.3, rel=0.1)
     assert estimates["latency_ms"] == pytest.approx(10.0, abs=2.5)
     assert all(p["pinned"] for p in report["profile"].values()) and "NOT PINNED" not in out
+    assert "[calibrate] bootstrap 3/3" in out  # pinned: each spread over three refits within +-20%
     rmse = report["held_out_rmse_rad"]
     assert rmse["calibrated"] < rmse["nominal"] / 3
     calibrated = load_reality(logs / "reality_calibrated.yaml")

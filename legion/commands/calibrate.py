@@ -6,14 +6,15 @@ from legion.commands import UsageError, number, run_args
 
 HELP = """usage: legion calibrate run=<run or exported folder> log=<folder of logs>
                         [params=kp_scale,coulomb_friction,latency_ms] [window_s=0.5] [evaluations=600]
-                        [seed=0] [out=DIR]
+                        [bootstrap=8] [seed=0] [out=DIR]
 
 Fits the motor and joint parameters of the export's robot.mjb (the model the policy trained on)
 to a robot's logs (`legion deploy ... log=DIR`; best an identification routine with the robot
 hung: `legion deploy ... excite=chirp`). Each 0.5 s window of the logs is replayed from its
 logged joint state with its logged targets; CMA-ES searches the parameters for the smallest
-joint-position error. Prints the estimates, which of them the logs do not pin down (a flat loss),
-and the joint RMSE on held-out windows, nominal against calibrated; writes calibration.json and
+joint-position error. Prints the estimates with their spread over a bootstrap (refits on windows
+drawn with replacement), which of them the logs do not pin down (a flat loss, or a spread wider
+than +-20%), and the joint RMSE on held-out windows, nominal against calibrated; writes calibration.json and
 reality_calibrated.yaml (`legion sim2sim reality=<it>` runs the calibrated robot) into out (default:
 the log folder).
 
@@ -21,6 +22,7 @@ the log folder).
                     gains), coulomb_friction [N m], viscous_friction [N m s/rad], armature [kg m^2],
                     latency_ms
   window_s=0.5      replay window [s]
+  bootstrap=8       refits for the spread (60 evaluations each; 0: none)
   evaluations=600   CMA-ES's budget (one evaluation replays every window once; ~10 per second on
                     a Go2 with 8 s of logs)
 
@@ -38,7 +40,7 @@ def run(args: list[str]) -> None:
         print(HELP)
         return
     run, o, unknown = run_args(args, HELP, {"log": None, "params": "kp_scale,coulomb_friction,latency_ms",
-                                            "window_s": "0.5", "evaluations": "600", "seed": "0",
+                                            "window_s": "0.5", "evaluations": "600", "bootstrap": "8", "seed": "0",
                                             "out": None})
     if unknown:
         raise UsageError(f"unknown option(s) {' '.join(unknown)}\n\n{HELP}")
@@ -49,4 +51,5 @@ def run(args: list[str]) -> None:
         raise UsageError(f"run={run}: no robot.mjb there nor in its exported/ (run `legion export run={run}`)")
     calibrate(o["log"], exported, [p for p in o["params"].split(",") if p],
               number("window_s", o["window_s"], float), number("evaluations", o["evaluations"]),
-              number("seed", o["seed"]), o["out"], say=lambda line: print(line, flush=True))
+              number("bootstrap", o["bootstrap"]), seed=number("seed", o["seed"]), out_dir=o["out"],
+              say=lambda line: print(line, flush=True))
