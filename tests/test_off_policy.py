@@ -220,8 +220,9 @@ def test_a_recurrent_td3_balances_a_cartpole_seen_through_positions_only_where_a
     (the critics see them): after the same 80 iterations (81,920 env steps), the share of 64 envs
     the deterministic policy keeps up for a whole 10 s episode. Over training seeds 0-11 the LSTM
     kept all of them up every time (after 60 iterations only 6 of 10 seeds did: hence 80); the
-    feed-forward actor kept 0-41% (mean 14%, sd 16%). Bounds: the LSTM above 90%, the feed-forward
-    one losing more than 40% (2.9 sd below its mean loss of 86%)."""
+    feed-forward actor kept 0-41% (mean 14%, sd 16%; 44% once under ATEN_CPU_CAPABILITY=avx2 and one
+    thread). Bounds: the LSTM above 90%, the feed-forward one losing more than 30% (3.5 sd below its
+    mean loss of 86%)."""
     balanced = {}
     for actor, overrides in (("lstm", ("agent.actor.rnn.type=lstm", "agent.actor.rnn.hidden_size=32")), ("mlp", ())):
         runner = make_runner("task=cartpole_positions_only", "agent=td3", f"seed={seed}", "sim.num_envs=64",
@@ -229,7 +230,7 @@ def test_a_recurrent_td3_balances_a_cartpole_seen_through_positions_only_where_a
         runner.learn(80)
         balanced[actor] = _share_balanced(runner, 499)
     print(f"balanced for 10 s: LSTM {balanced['lstm']:.0%}, feed-forward {balanced['mlp']:.0%}")
-    learned(lstm_balanced=(balanced["lstm"], 0.9), mlp_fell=(1 - balanced["mlp"], 0.4))
+    learned(lstm_balanced=(balanced["lstm"], 0.9), mlp_fell=(1 - balanced["mlp"], 0.3))
 
 
 def test_a_distributional_critic_projects_returns_onto_its_atoms():
