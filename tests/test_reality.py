@@ -207,7 +207,7 @@ def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitati
     truth = Reality(name="truth", latency_ms=Latency(10.0, 1.0), encoders=Encoders(position_noise=0.001),
                     joints={".*": Joints(kp_scale=0.8, coulomb_friction=0.3)})
     logs = _excitation_log(go2, truth, 10.0, tmp_path / "logs")
-    code, out, err = legion_in_process("calibrate", f"run={go2['run']}", f"log={logs}", "evaluations=150",
+    code, out, err = legion_in_process("calibrate", f"run={go2['run']}", f"log={logs}", "evaluations=300",
                                        "bootstrap=3")
     assert code == 0, err[-2000:]
     assert "[calibrate] 15 windows of 0.5 s to fit, 4 held out" in out and "evaluations/s | ETA" in out
@@ -252,3 +252,23 @@ def test_legion_calibrate_refuses_logs_it_cannot_use_by_name(go2, tmp_path):
         load_windows(tmp_path / "walking", names, dt, 0.5)
     code, _, err = legion_in_process("calibrate", f"run={go2['run']}", f"log={logs}", "params=kp_scale,mass")
     assert code != 0 and "params=kp_scale,mass: choose from kp_scale, kd_scale" in err
+
+
+def test_calibrate_fits_joint_groups_apart(go2, tmp_path):
+    """Calves at 70% kp, hips and thighs at 90%: fitted per group (`groups=`), each within 5%; the
+    reality file it writes holds one pattern per group and makes a robot."""
+    from legion.sim2real.calibrate import calibrate
+    from legion.sim2real.reality import Joints
+
+    truth = Reality(latency_ms=Latency(5.0), joints={".*_calf_joint": Joints(kp_scale=0.7), ".*": Joints(kp_scale=0.9)})
+    logs = _excitation_log(go2, truth, 8.0, tmp_path / "logs")
+    groups = {"calf": ".*_calf_joint", "upper": ".*_(hip|thigh)_joint"}
+    report = calibrate(logs, go2["mjb"].parent, ["kp_scale", "latency_ms"], max_evaluations=300, bootstrap=0,
+                       groups=groups, say=lambda line: None)
+    estimates = report["estimates"]
+    assert set(estimates) == {"kp_scale@calf", "kp_scale@upper", "latency_ms"}
+    assert estimates["kp_scale@calf"] == pytest.approx(0.7, rel=0.05)
+    assert estimates["kp_scale@upper"] == pytest.approx(0.9, rel=0.05)
+    calibrated = load_reality(logs / "reality_calibrated.yaml")
+    assert set(calibrated.joints) == set(groups.values())
+    RealityRobot(go2["mjb"], go2["meta"], calibrated)

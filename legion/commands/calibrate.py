@@ -6,7 +6,7 @@ from legion.commands import UsageError, number, run_args
 
 HELP = """usage: legion calibrate run=<run or exported folder> log=<folder of logs>
                         [params=kp_scale,coulomb_friction,latency_ms] [window_s=0.5] [evaluations=600]
-                        [bootstrap=8] [seed=0] [out=DIR]
+                        [groups=NAME:REGEX,...] [bootstrap=8] [seed=0] [out=DIR]
 
 Fits the motor and joint parameters of the export's robot.mjb (the model the policy trained on)
 to a robot's logs (`legion deploy ... log=DIR`; best an identification routine with the robot
@@ -18,9 +18,11 @@ than +-20%), and the joint RMSE on held-out windows, nominal against calibrated;
 reality_calibrated.yaml (`legion sim2sim reality=<it>` runs the calibrated robot) into out (default:
 the log folder).
 
-  params=           which to fit, every joint alike: kp_scale, kd_scale (the drivers' effective
-                    gains), coulomb_friction [N m], viscous_friction [N m s/rad], armature [kg m^2],
-                    latency_ms
+  params=           which to fit: kp_scale, kd_scale (the drivers' effective gains), coulomb_friction
+                    [N m], viscous_friction [N m s/rad], armature [kg m^2] (every joint alike, or
+                    per group), latency_ms
+  groups=           joint groups fitted apart, e.g. calf:.*_calf_joint,upper:.*_(hip|thigh)_joint
+                    (a joint in none keeps the model's values; a regex may not hold a comma)
   window_s=0.5      replay window [s]
   bootstrap=8       refits for the spread (60 evaluations each; 0: none)
   evaluations=600   CMA-ES's budget (one evaluation replays every window once; ~10 per second on
@@ -41,15 +43,22 @@ def run(args: list[str]) -> None:
         return
     run, o, unknown = run_args(args, HELP, {"log": None, "params": "kp_scale,coulomb_friction,latency_ms",
                                             "window_s": "0.5", "evaluations": "600", "bootstrap": "8", "seed": "0",
-                                            "out": None})
+                                            "groups": "", "out": None})
     if unknown:
         raise UsageError(f"unknown option(s) {' '.join(unknown)}\n\n{HELP}")
     if not o["log"]:
         raise UsageError(f"log= is required: the folder of `legion deploy ... log=DIR`\n\n{HELP}")
+    groups = {}
+    for item in filter(None, o["groups"].split(",")):
+        name, _, pattern = item.partition(":")
+        if not name or not pattern:
+            raise UsageError(f"groups={o['groups']}: give NAME:REGEX pairs, comma-separated\n\n{HELP}")
+        groups[name] = pattern
     exported = next((f for f in (Path(run), Path(run) / "exported") if (f / "robot.mjb").is_file()), None)
     if exported is None:
         raise UsageError(f"run={run}: no robot.mjb there nor in its exported/ (run `legion export run={run}`)")
     calibrate(o["log"], exported, [p for p in o["params"].split(",") if p],
               number("window_s", o["window_s"], float), number("evaluations", o["evaluations"]),
               number("bootstrap", o["bootstrap"]), seed=number("seed", o["seed"]), out_dir=o["out"],
+              groups=groups or None,
               say=lambda line: print(line, flush=True))
