@@ -82,6 +82,24 @@ def load_windows(folder: str | Path, joint_names: list[str], control_dt: float, 
     return windows
 
 
+def excitation_log(exported: str | Path, reality, excitation, folder: str | Path) -> Path:
+    """The log of ``excitation`` run on the export's robot made of ``reality``, hung, through the
+    control loop in simulated time: what ``legion deploy ... excite=... log=folder`` writes against
+    ``legion bridge ... reality=... hung=true``, without DDS or the wall clock. Returns ``folder``."""
+    from legion.sim2real.deploy import ControlLoop, PolicyRunner
+    from legion.sim2real.deploy.excite import ExcitationRunner
+    from legion.sim2real.deploy.log import TrajectoryLog
+    from legion.sim2real.reality import RealityRobot
+
+    exported = Path(exported)
+    routine = ExcitationRunner(PolicyRunner(exported / "policy.onnx"), excitation)
+    robot = RealityRobot(exported / "robot.mjb", routine.metadata, reality)
+    robot.hang((routine.metadata.default_root_height or 0.0) + 0.3)
+    with TrajectoryLog(folder, routine) as log:
+        ControlLoop(robot, routine, now=robot.time, realtime=False, logger=log).run(routine.ticks)
+    return Path(folder)
+
+
 def fitted(params: list[str], groups: dict[str, str] | None = None) -> list[str]:
     """The names of the fitted values: each joint parameter once per joint group (``kp_scale@calf``),
     or once for every joint (``kp_scale``) without groups; latency once. ValueError for an unknown one."""

@@ -36,6 +36,7 @@ SMALLEST = {
     "policy_latency": (["--calls", "50"], "policy_latency.json"),
     "deploy_dds": (None, "deploy_dds_go2.json"),  # its run: an untrained Go2 policy, exported (below)
     "push_recovery": (None, "push_recovery.json"),  # its run: an untrained quadruped policy (below)
+    "calibration": (None, "calibration.json"),  # its run: an untrained Go2 policy, exported (below)
 }
 
 
@@ -57,6 +58,11 @@ def test_the_benchmark_runs_its_smallest_configuration(name, tmp_path):
         made = export_untrained_run(tmp_path / "run", "task=quadruped_flat")
         args = ["--runs", f"untrained={made['run']}", "--duration-s", "0.4", "--directions", "2", "--phases", "1",
                 "--commands", "[[0.5, 0, 0]]"]
+    if name == "calibration":
+        (tmp_path / "run").mkdir()
+        made = export_untrained_run(tmp_path / "run", *TINY_GO2)
+        args = ["--run", str(made["out"]), "--realities", "go2_payload", "--params", "kp_scale", "latency_ms",
+                "--seconds", "3", "--evaluations", "12", "--bootstrap", "0"]
     environ = {**os.environ, "LEGION_BENCH_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), *args], cwd=tmp_path, env=environ,
                             capture_output=True, text=True, timeout=300)

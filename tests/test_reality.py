@@ -180,19 +180,10 @@ def test_the_bridge_on_a_reality_steps_its_own_physics_rate_and_publishes_what_i
 
 
 def _excitation_log(go2, reality: Reality, seconds: float, folder, amplitude: float = 0.15):
-    """The log of a chirp excitation of the Go2 made of ``reality``, hung, through the control loop
-    in simulated time (what `legion deploy excite=chirp log=...` writes against `legion bridge hung=true`)."""
-    from legion.sim2real.deploy import ControlLoop, PolicyRunner
-    from legion.sim2real.deploy.excite import Excitation, ExcitationRunner
-    from legion.sim2real.deploy.log import TrajectoryLog
+    from legion.sim2real.calibrate import excitation_log
+    from legion.sim2real.deploy.excite import Excitation
 
-    meta = go2["meta"]
-    robot = RealityRobot(go2["mjb"], meta, reality)
-    robot.hang(meta.default_root_height + 0.3)
-    routine = ExcitationRunner(PolicyRunner(go2["mjb"].parent / "policy.onnx"), Excitation("chirp", amplitude, seconds))
-    with TrajectoryLog(folder, routine) as log:
-        ControlLoop(robot, routine, now=robot.time, realtime=False, logger=log).run(routine.ticks)
-    return folder
+    return excitation_log(go2["mjb"].parent, reality, Excitation("chirp", amplitude, seconds), folder)
 
 
 def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitation_log(go2, tmp_path):

@@ -1,0 +1,80 @@
+"""How well `legion calibrate` recovers a robot it cannot see: for each reality, a chirp excitation
+logged from the hung robot made of it (through the control loop, in simulated time: what `legion
+deploy excite=chirp log=...` writes against `legion bridge reality=... hung=true`), then the fit.
+One row per fitted value: the reality's value (the mean over the group's joints), the estimate,
+its error, whether the logs pin it down, and per reality the held-out joint RMSE, nominal model
+against calibrated, and the seconds the fit took.
+
+    python bench/calibration.py --run <Go2 run or export> [--realities go2_worn_motors go2_payload go2_backlash]
+        [--params kp_scale kd_scale coulomb_friction armature latency_ms] [--groups calf:.*_calf_joint ...]
+        [--seconds 20] [--evaluations 900] [--bootstrap 4]
+"""
+
+import argparse
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from common import print_table, write_json
+from legion.sim2real.calibrate import calibrate, excitation_log
+from legion.sim2real.deploy.contract import PolicyContract
+from legion.sim2real.deploy.excite import Excitation
+from legion.sim2real.reality import Reality, RealityRobot, load_reality
+
+
+def truth(exported: Path, reality, name: str, groups: dict) -> float:
+    """The reality's value of a fitted parameter (``kp_scale@calf``): the mean over the group's joints."""
+    if name == "latency_ms":
+        return reality.latency_ms.mean
+    param, _, group = name.partition("@")
+    meta = PolicyContract.load(exported / "policy.json")
+    robot, nominal = (RealityRobot(exported / "robot.mjb", meta, r) for r in (reality, Reality()))
+    joints = [k for k, joint in enumerate(meta.joint_names) if re.fullmatch(groups.get(group, ".*"), joint)]
+    dofs = robot.qvel_ids[joints]
+    values = {"kp_scale": robot.kp_scale[joints], "kd_scale": robot.kd_scale[joints],
+              "coulomb_friction": robot.model.dof_frictionloss[dofs],
+              "viscous_friction": robot.model.dof_damping[dofs] - nominal.model.dof_damping[dofs],
+              "armature": robot.model.dof_armature[dofs]}[param]
+    return float(np.mean(values))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", required=True, help="a Go2 run folder with exported/, or the export itself")
+    parser.add_argument("--realities", nargs="+", default=["go2_worn_motors", "go2_payload", "go2_backlash"])
+    parser.add_argument("--params", nargs="+", default=["kp_scale", "kd_scale", "coulomb_friction", "armature",
+                                                         "latency_ms"])
+    parser.add_argument("--groups", nargs="*", default=["calf:.*_calf_joint", "upper:.*_(hip|thigh)_joint"],
+                        help="NAME:REGEX joint groups fitted apart (none: every joint alike)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="the chirp's length")
+    parser.add_argument("--amplitude", type=float, default=0.15)
+    parser.add_argument("--evaluations", type=int, default=900)
+    parser.add_argument("--bootstrap", type=int, default=4)
+    args = parser.parse_args()
+    exported = next(f for f in (Path(args.run), Path(args.run) / "exported") if (f / "robot.mjb").is_file())
+    groups = dict(g.split(":", 1) for g in args.groups)
+    rows, reports = [], {}
+    for name in args.realities:
+        reality = load_reality(name)
+        with tempfile.TemporaryDirectory() as folder:
+            log = excitation_log(exported, reality, Excitation("chirp", args.amplitude, args.seconds), folder)
+            report = calibrate(log, exported, args.params, max_evaluations=args.evaluations, bootstrap=args.bootstrap,
+                               groups=groups or None, say=lambda line: None)
+        reports[name] = report
+        rmse = report["held_out_rmse_rad"]
+        for value, estimate in report["estimates"].items():
+            true = truth(exported, reality, value, groups)
+            rows.append({"reality": name, "value": value, "truth": round(true, 4), "estimate": round(estimate, 4),
+                         "error": f"{(estimate - true) / true:+.0%}" if true else f"{estimate - true:+.3g}",
+                         "pinned": report["profile"][value]["pinned"],
+                         "held-out RMSE nominal -> calibrated": f"{rmse['nominal']:.4f} -> {rmse['calibrated']:.4f}",
+                         "fit s": round(report["seconds"])})
+        print(f"[bench] {name}: {report['evaluations']} evaluations in {report['seconds']:.0f} s", flush=True)
+    print_table(rows)
+    print(f"json: {write_json('calibration', rows, args=vars(args), reports=reports)}")
+
+
+if __name__ == "__main__":
+    main()
