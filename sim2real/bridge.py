@@ -85,7 +85,7 @@ class UnitreeBridge:
             self.sim.model.opt.timestep = self.period
         self.reality = reality
         if hung:
-            self.sim.hang((meta.default_root_height or 0.0) + 0.3)
+            self.sim.hang()
         if not self.sim.explicit_pd:
             raise ValueError(f"{folder}/robot.mjb drives its joints with MuJoCo actuators; the bridge applies the "
                              "motor commands itself (export the run again with this version of legion).")

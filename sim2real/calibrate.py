@@ -94,7 +94,7 @@ def excitation_log(exported: str | Path, reality, excitation, folder: str | Path
     exported = Path(exported)
     routine = ExcitationRunner(PolicyRunner(exported / "policy.onnx"), excitation)
     robot = RealityRobot(exported / "robot.mjb", routine.metadata, reality)
-    robot.hang((routine.metadata.default_root_height or 0.0) + 0.3)
+    robot.hang()
     with TrajectoryLog(folder, routine) as log:
         ControlLoop(robot, routine, now=robot.time, realtime=False, logger=log).run(routine.ticks)
     return Path(folder)
@@ -133,7 +133,7 @@ class Fit:
         joints = {pattern: Joints(**joint) for pattern, joint in joint_groups(values, self.groups).items()}
         reality = Reality(name="candidate", latency_ms=Latency(values.get("latency_ms") or 0.0), joints=joints)
         robot = RealityRobot(copy.copy(self.model), self.metadata, reality)
-        robot.hang((self.metadata.default_root_height or 0.0) + 0.3)  # as the logged robot was
+        robot.hang()  # as the logged robot was
         return robot
 
     def errors(self, values: dict, windows: list[Window] | None = None) -> np.ndarray:

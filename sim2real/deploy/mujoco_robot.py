@@ -282,10 +282,12 @@ class MuJoCoRobot:
             d.ctrl[self.actuator_ids] = self.targets[self.driven]
         self.mj_step()
 
-    def hang(self, height: float | None) -> None:
-        """Holds the floating base still and level at ``height`` [m] (its legs in the air: a robot
-        hung from a gantry, as motors are identified), from the next physics step on; None lets go."""
-        self.held_base = None if height is None else np.array([0.0, 0.0, height, 1.0, 0.0, 0.0, 0.0])
+    def hang(self, clearance: float = 0.3) -> None:
+        """Holds the floating base still and level ``clearance`` [m] above its standing height (its
+        legs in the air: a robot hung from a gantry, as motors are identified), from the next
+        physics step on."""
+        height = (self.metadata.default_root_height or 0.0) + clearance
+        self.held_base = np.array([0.0, 0.0, height, 1.0, 0.0, 0.0, 0.0])
 
     def mj_step(self) -> None:
         """One MuJoCo step (the base held where :meth:`hang` put it)."""
