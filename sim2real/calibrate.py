@@ -6,7 +6,10 @@ motion is then the motors' and the joints' alone). The model is the export's ``r
 the parameters of a reality (:class:`~legion.sim2real.reality.RealityRobot`), hung as the robot
 was: each short window of the log (``window_s``) starts from the logged joint positions and
 velocities and replays the logged targets; the loss is the mean squared joint-position error
-over the windows, in units of the logged motion's variance. CMA-ES (the ``cma`` package) searches
+over the windows, in units of the logged motion's variance, plus, where the log holds the motors'
+torques (a Unitree robot's tau_est), their mean squared error in units of their variance: from
+positions alone the gains, the damping and the armature can be scaled together with the same
+motion (the legs' own inertia is small), and the torques fix that scale. CMA-ES (the ``cma`` package) searches
 the parameters asked for, each within its prior range, scaled to [0, 1].
 
 Identifiability: a parameter is flagged as not pinned down by these logs where its loss profile
@@ -43,6 +46,7 @@ class Window:
     joint_pos: np.ndarray  # (T + 1, J) logged, from the window's first state on
     joint_vel: np.ndarray  # (T + 1, J)
     targets: np.ndarray  # (T, J) written at each tick
+    joint_torque: np.ndarray | None  # (T + 1, J) the motors' tau_est, where logged
 
 
 def load_windows(folder: str | Path, joint_names: list[str], control_dt: float, window_s: float) -> list[Window]:
@@ -69,13 +73,16 @@ def load_windows(folder: str | Path, joint_names: list[str], control_dt: float, 
                                  "the robot hung (its base held still; legion bridge hung=true in simulation) "
                                  "running an excitation (legion deploy ... excite=chirp)")
         q, dq, targets = episode["joint_pos"][ran], episode["joint_vel"][ran], episode["targets"][ran]
-        bad = ~(np.isfinite(q).all(1) & np.isfinite(dq).all(1) & np.isfinite(targets).all(1))
+        tau = episode["joint_torque"][ran] if "joint_torque" in episode.files else None
+        bad = ~(np.isfinite(q).all(1) & np.isfinite(dq).all(1) & np.isfinite(targets).all(1)
+                & (np.isfinite(tau).all(1) if tau is not None else True))
         if bad.any():
             raise ValueError(f"{file}: {int(bad.sum())} of its {len(q)} ticks hold NaN or infinite values "
                              f"(first at tick {int(np.flatnonzero(bad)[0])}); drop them from the log")
         for start in range(0, len(q) - length, length):
-            windows.append(Window(q[start:start + length + 1], dq[start:start + length + 1],
-                                  targets[start:start + length]))
+            span = slice(start, start + length + 1)
+            windows.append(Window(q[span], dq[span], targets[start:start + length],
+                                  tau[span] if tau is not None else None))
     if len(windows) < 4:
         raise ValueError(f"log={folder}: {len(windows)} windows of {window_s:g} s; calibrating needs at least 4 "
                          f"({4 * window_s:g} s of logged control)")
@@ -125,6 +132,8 @@ class Fit:
         self.metadata, self.windows, self.names, self.groups = metadata, windows, names, groups
         motion = np.concatenate([w.joint_pos for w in windows])
         self.scale = motion.var(0).mean()  # the loss's unit: the logged motion's variance
+        torques = [w.joint_torque for w in windows if w.joint_torque is not None]
+        self.torque_scale = np.concatenate(torques).var(0).mean() if len(torques) == len(windows) else None
         self.evaluations = 0
 
     def robot(self, values: dict):
@@ -137,22 +146,28 @@ class Fit:
         return robot
 
     def errors(self, values: dict, windows: list[Window] | None = None) -> np.ndarray:
-        """Per window, the mean squared joint-position error of the simulation from the log."""
+        """Per window, the mean squared error of the simulated joint positions [rad^2] and motor
+        torques [(N m)^2] from the logged ones: (windows, 2), the torques' NaN where not logged."""
         robot, out = self.robot(values), []
         for w in windows if windows is not None else self.windows:
             robot.reset(joint_pos=w.joint_pos[0])
             robot.data.qvel[robot.qvel_ids] = w.joint_vel[0]
             robot.acting = (w.targets[0].astype(np.float64), *robot.acting[1:])  # sent before the window began
-            simulated = []
+            positions, torques = [], []
             for targets in w.targets:
                 robot.write_targets(targets)
-                simulated.append(robot.data.qpos[robot.qpos_ids].copy())
-            out.append(np.mean((np.array(simulated) - w.joint_pos[1:]) ** 2))
+                positions.append(robot.data.qpos[robot.qpos_ids].copy())
+                torques.append(robot.tau.copy())
+            out.append((np.mean((np.array(positions) - w.joint_pos[1:]) ** 2),
+                        np.mean((np.array(torques) - w.joint_torque[1:]) ** 2) if w.joint_torque is not None
+                        else np.nan))
         self.evaluations += 1
         return np.array(out)
 
     def loss(self, values: dict, windows: list[Window] | None = None) -> float:
-        return float(self.errors(values, windows).mean() / self.scale)
+        errors = self.errors(values, windows)
+        torques = errors[:, 1].mean() / self.torque_scale if self.torque_scale else 0.0
+        return float(errors[:, 0].mean() / self.scale + torques)
 
     def values(self, x: np.ndarray) -> dict:
         """Parameters from CMA-ES's [0, 1] coordinates."""
@@ -233,7 +248,7 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
         profile[name] = {"rise": float(min(rises)), "bootstrap": [float(min(spread)), float(max(spread))],
                          "pinned": bool(min(rises) >= FLAT_RISE
                                         and half_width <= 0.2 * max(abs(best[name]), 0.05 * (high - low)))}
-    rmse = {label: float(np.sqrt(np.mean(fit.errors(values, held_out))))
+    rmse = {label: float(np.sqrt(np.mean(fit.errors(values, held_out)[:, 0])))
             for label, values in (("nominal", nominal), ("calibrated", best))}
     report = {"log": str(log), "export": str(exported), "windows": len(fitting), "held_out": len(held_out),
               "evaluations": fit.evaluations, "bootstrap": bootstrap, "seconds": time.perf_counter() - t0,

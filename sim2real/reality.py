@@ -263,9 +263,10 @@ class RealityRobot(MuJoCoRobot):
         return joint_pos, joint_vel, gyro, accel
 
     def read_state(self) -> dict:
-        """:meth:`MuJoCoRobot.read_state` as the robot's sensors read it (:meth:`sense`)."""
+        """:meth:`MuJoCoRobot.read_state` as the robot's sensors read it (:meth:`sense`), and the
+        drivers' torque as a Unitree robot reports it (``joint_torque``: its tau_est)."""
         state = super().read_state()
         q, dq, gyro, _ = self.sense(state["joint_pos"], state["joint_vel"], state["base_ang_vel"], np.zeros(3))
         state.update(joint_pos=q.astype(np.float32), joint_vel=dq.astype(np.float32),
-                     base_ang_vel=gyro.astype(np.float32))
+                     base_ang_vel=gyro.astype(np.float32), joint_torque=self.tau.astype(np.float32))  # tau_est
         return state

@@ -188,9 +188,10 @@ def _excitation_log(go2, reality: Reality, seconds: float, folder, amplitude: fl
 
 def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitation_log(go2, tmp_path):
     """A 10 s chirp logged from a hung Go2 whose drivers run at 80% kp, with 0.3 N m of Coulomb
-    friction and 10 +- 1 ms of latency (and encoder noise): the fit finds 0.793, 0.298 and 10.6 ms
-    (tolerances 5%, 10%, 2.5 ms), every one pinned down, and the held-out joint RMSE falls below a
-    third of the nominal model's. The reality file it writes runs as one."""
+    friction and 10 +- 1 ms of latency (and encoder noise), from its joint positions and tau_est:
+    the fit finds 0.804, 0.305 and 10.3 ms (tolerances 5%, 10%, 2.5 ms), every one pinned down, and
+    the held-out joint RMSE falls below a third of the nominal model's. The reality file it writes
+    runs as one."""
     import json
 
     from legion.sim2real.reality import Encoders, Joints
