@@ -280,4 +280,7 @@ def table(report: dict) -> str:
     rmse = report["held_out_rmse_rad"]
     rows.append(f"held-out joint RMSE: nominal {rmse['nominal']:.4f} rad, calibrated {rmse['calibrated']:.4f} rad "
                 f"({rmse['calibrated'] / rmse['nominal']:.0%} of nominal)")
+    if rmse["calibrated"] >= rmse["nominal"]:
+        rows.append("WARNING: the calibrated model does not beat the nominal one on the held-out windows: it fitted "
+                    "noise or effects outside its parameters; do not use these estimates")
     return "\n".join(rows)
