@@ -211,6 +211,11 @@ def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitati
     assert estimates["latency_ms"] == pytest.approx(10.0, abs=2.5)
     assert all(p["pinned"] for p in report["profile"].values()) and "NOT PINNED" not in out
     assert "[calibrate] bootstrap 3/3" in out  # pinned: each spread over three refits within +-20%
+    from legion.sim2real.calibrate import table
+
+    assert "WARNING" not in out  # a fit no better than the model on held-out windows is said to be so
+    worse = {**report, "held_out_rmse_rad": {"nominal": 0.001, "calibrated": 0.002}}
+    assert "the calibrated model does not beat the nominal one on the held-out windows" in table(worse)
     rmse = report["held_out_rmse_rad"]
     assert rmse["calibrated"] < rmse["nominal"] / 3
     calibrated = load_reality(logs / "reality_calibrated.yaml")
