@@ -286,10 +286,24 @@ def _wandb_records(path: Path) -> list:
     return records
 
 
-def test_a_robot_the_video_renderer_cannot_draw_is_refused_before_training(tmp_path):
-    from legion.sim2real.trajectories.record import TrainingVideo
+def test_a_urdf_robot_is_drawn_from_the_model_newton_builds():
+    """The Go2 is a URDF: videos draw the MJCF Newton's solver writes of it, meshes shown,
+    collision shapes hidden, joints by the simulator's names."""
+    from legion.sim2real.trajectories.media import RenderingUnavailable, SceneRenderer
 
-    cfg = compose("task=quadruped_flat", "robot=go2", "agent.video.every=1")
-    refused = r"agent.video: rendering draws the robot from its MJCF; go2.urdf .* viewer=web"
-    with pytest.raises(ValueError, match=refused):
-        TrainingVideo(tmp_path, cfg, lambda cfg: pytest.fail("no env is built for a video that cannot be drawn"))
+    cfg = compose("task=quadruped_flat", "robot=go2")
+    try:
+        renderer = SceneRenderer(cfg, 96, 128)
+    except RenderingUnavailable as e:
+        pytest.skip(f"no offscreen OpenGL here: {e}")
+    go2_joints = [f"{leg}_{part}_joint" for leg in ("FL", "FR", "RL", "RR") for part in ("hip", "thigh", "calf")]
+    assert sorted(renderer.joint_names) == sorted(go2_joints)
+    model = renderer.model
+    assert model.nmesh >= 4 and (model.geom_group == 3).sum() >= 13  # meshes drawn; hulls, spheres, boxes hidden
+    standing = {"robot/root_pose_w": np.array([0, 0, 0.35, 0, 0, 0, 1.0]),
+                "robot/joint_pos": np.tile([0.1, 0.8, -1.5], 4)}
+    assert renderer.robot_fraction(standing, go2_joints) > 0.02  # the robot covers a real part of the image
+    folded = {**standing, "robot/joint_pos": np.tile([0.1, 0.0, -2.6], 4)}
+    change = np.abs(renderer.render(folded, go2_joints).astype(float) - renderer.render(standing, go2_joints)).mean()
+    renderer.close()
+    assert change > 1.0  # the legs move in the image as the joints do

@@ -1,5 +1,5 @@
-"""Video and plots of trajectories: MuJoCo's offscreen renderer from the robot's own MJCF, MP4
-through imageio, PNG through matplotlib.
+"""Video and plots of trajectories: MuJoCo's offscreen renderer (the robot's own MJCF, or for a
+URDF or USD robot the model Newton builds from it), MP4 through imageio, PNG through matplotlib.
 
 Rendering needs an OpenGL that works without a display: ``MUJOCO_GL=egl`` (Debian: libegl1,
 libegl-mesa0, libgl1-mesa-dri; software rendering through Mesa's llvmpipe when there is no GPU)
@@ -52,11 +52,50 @@ def _size(shape: str, size) -> list[float]:
     return [s / 2 for s in size] if shape == "box" else [size[0]] if shape == "sphere" else [size[0], size[1] / 2]
 
 
+def robot_spec(robot) -> tuple[MjSpec, dict[str, str]]:
+    """The robot alone as a MuJoCo spec: its MJCF as it is, or, for any other file Newton reads
+    (URDF, USD), the MJCF Newton's MuJoCo solver writes of the model Newton builds from it (the
+    model that trains, as ``robot.mjb`` of an export), its visual meshes drawn and its collision
+    shapes kept in geom group 3 (hidden). Returns the spec and the names the simulator gives the
+    joints whose MJCF names differ (Newton writes its labels' paths with underscores).
+
+    Args:
+        robot: the ``task.scene.robot`` config (:class:`legion.configs.schema.Robot`).
+    """
+    import contextlib
+    import io
+    import tempfile
+
+    from legion.tasks.sim import resolve_asset
+    from legion.tasks.sim.scene import add_robot, short_label
+
+    path = resolve_asset(robot.file)
+    if path.suffix == ".xml":
+        return MjSpec.from_file(str(path)), {}
+    import newton
+
+    builder = newton.ModelBuilder()
+    newton.solvers.SolverMuJoCo.register_custom_attributes(builder)
+    add_robot(builder, robot, newton)
+    model = builder.finalize(device="cpu")
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+        newton.solvers.SolverMuJoCo(model, use_mujoco_cpu=True, skip_visual_only_geoms=False,
+                                    save_to_mjcf=f"{tmp}/robot.xml")
+        spec = MjSpec.from_file(f"{tmp}/robot.xml")
+    visible = model.shape_flags.numpy() & int(newton.ShapeFlags.VISIBLE)
+    for geom in spec.geoms:  # Newton names them shape_<shape index>_<geom index>
+        if not visible[int(geom.name.split("_")[1])]:
+            geom.group = 3
+    names = {label.replace("/", "_"): short_label(label) for label in model.joint_label}
+    return spec, names
+
+
 class SceneRenderer:
     """The task's scene in plain MuJoCo, drawn offscreen with a camera tracking the robot.
 
-    The robot is its own MJCF; the ground (a checkered plane), free objects and fixtures come
-    from the scene config, as Newton builds them. Only kinematics is computed: the state comes
+    The robot is its own MJCF, or the model Newton builds from any other robot file
+    (:func:`robot_spec`); the ground (a checkered plane), free objects and fixtures come from the
+    scene config, as Newton builds them. Only kinematics is computed: the state comes
     from a trajectory.
 
     Args:
@@ -65,13 +104,8 @@ class SceneRenderer:
     """
 
     def __init__(self, cfg, height: int = 480, width: int = 640):
-        from legion.tasks.sim import resolve_asset
-
         scene = cfg.task.scene
-        path = resolve_asset(scene.robot.file)
-        if path.suffix != ".xml":
-            raise ValueError(f"rendering draws the robot from its MJCF; {path.name} is not one (.xml).")
-        spec = MjSpec.from_file(str(path))
+        spec, sim_names = robot_spec(scene.robot)
         robot_bodies = len(spec.bodies)  # the world and the robot's bodies come first
         spec.visual.quality.shadowsize = 1024  # MuJoCo's 4096 doubles a software-rendered frame's time
         spec.visual.headlight.ambient = [0.35, 0.35, 0.35]
@@ -107,10 +141,11 @@ class SceneRenderer:
             self.free["robot/root_pose_w"] = int(model.jnt_qposadr[0])
         for name in scene.objects:
             self.free[f"{name}/root_pose_w"] = int(model.jnt_qposadr[model.joint(f"legion_{name}").id])
-        self.joint_names = [model.joint(j).name for j in range(model.njnt)
-                            if model.jnt_type[j] in (mjtJoint.mjJNT_HINGE, mjtJoint.mjJNT_SLIDE)
-                            and model.jnt_bodyid[j] in self.robot_bodies]
-        self.joint_qpos = np.array([model.jnt_qposadr[model.joint(n).id] for n in self.joint_names], dtype=int)
+        moving = (int(mjtJoint.mjJNT_HINGE), int(mjtJoint.mjJNT_SLIDE))  # ints: `np.int32 in (mjtJoint, ...)` is False
+        joints = [j for j in range(model.njnt)
+                  if int(model.jnt_type[j]) in moving and model.jnt_bodyid[j] in self.robot_bodies]
+        self.joint_names = [sim_names.get(model.joint(j).name, model.joint(j).name) for j in joints]
+        self.joint_qpos = model.jnt_qposadr[joints].astype(int)
         backend = getattr(mujoco, "GLContext", None)
         if backend is not None and backend.__module__ == "mujoco.glfw" and not os.environ.get("DISPLAY"):
             raise RenderingUnavailable(
