@@ -82,6 +82,7 @@ def robot_spec(robot) -> tuple[MjSpec, dict[str, str]]:
         newton.solvers.SolverMuJoCo(model, use_mujoco_cpu=True, skip_visual_only_geoms=False,
                                     save_to_mjcf=f"{tmp}/robot.xml")
         spec = MjSpec.from_file(f"{tmp}/robot.xml")
+    assert model.shape_flags is not None  # allocated by finalize
     visible = model.shape_flags.numpy() & int(newton.ShapeFlags.VISIBLE)
     for geom in spec.geoms:  # Newton names them shape_<shape index>_<geom index>
         if not visible[int(geom.name.split("_")[1])]:
@@ -144,7 +145,7 @@ class SceneRenderer:
         moving = (int(mjtJoint.mjJNT_HINGE), int(mjtJoint.mjJNT_SLIDE))  # ints: `np.int32 in (mjtJoint, ...)` is False
         joints = [j for j in range(model.njnt)
                   if int(model.jnt_type[j]) in moving and model.jnt_bodyid[j] in self.robot_bodies]
-        self.joint_names = [sim_names.get(model.joint(j).name, model.joint(j).name) for j in joints]
+        self.joint_names = [sim_names.get(name, name) for name in (str(model.joint(j).name) for j in joints)]
         self.joint_qpos = model.jnt_qposadr[joints].astype(int)
         backend = getattr(mujoco, "GLContext", None)
         if backend is not None and backend.__module__ == "mujoco.glfw" and not os.environ.get("DISPLAY"):
