@@ -22,7 +22,7 @@ from typing import TypeVar, cast
 import torch
 from rsl_rl.algorithms import PPO
 from rsl_rl.env import VecEnv
-from rsl_rl.models import MLPModel, RNNModel
+from rsl_rl.models import CNNModel, MLPModel, RNNModel
 from rsl_rl.modules import MLP
 from rsl_rl.storage import RolloutStorage
 from tensordict import TensorDict
@@ -33,15 +33,27 @@ _Tree = TypeVar("_Tree")  # a tensor, or nested dicts/lists/tuples holding tenso
 
 
 def obs_groups_for(obs) -> dict[str, list[str]]:
-    """The actor sees the ``policy`` group; the critic ``critic`` if the task has one."""
-    return {"actor": ["policy"], "critic": ["critic"] if "critic" in obs.keys() else ["policy"]}
+    """The actor sees the ``policy`` group and every ``policy_<name>`` one (e.g. an image group,
+    ``policy_depth``); the critic ``critic`` and every ``critic_<name>`` if the task has a
+    ``critic`` group, else what the actor sees."""
+    names = sorted(obs.keys())
+    actor = ["policy"] + [name for name in names if name.startswith("policy_")]
+    critic = ["critic"] + [name for name in names if name.startswith("critic_")] if "critic" in names else actor
+    return {"actor": actor, "critic": critic}
 
 
 def _build_model(obs: TensorDict, obs_set: str, output_dim: int, network: Network, **kwargs) -> MLPModel:
     """rsl-rl's MLPModel, or its RNNModel (a GRU or LSTM before the MLP) where ``network.rnn.type``
-    is set, or an :class:`EstimatorModel` where an actor's ``estimator.target`` is."""
-    cfg = {k: v for k, v in asdict(network).items() if k not in ("rnn", "init_noise_std", "estimator")}
+    is set, or an :class:`EstimatorModel` where an actor's ``estimator.target`` is, or its
+    CNNModel where the model reads an image group (``network.cnn`` encodes each)."""
+    cfg = {k: v for k, v in asdict(network).items() if k not in ("rnn", "init_noise_std", "estimator", "cnn")}
     rnn, estimator = network.rnn, getattr(network, "estimator", None)
+    images = [group for group in obs_groups_for(obs)[obs_set] if obs[group].dim() == 4]
+    if images:
+        if rnn.type is not None or (estimator is not None and estimator.target is not None):
+            raise ValueError(f"agent.{obs_set}: it reads images ({', '.join(images)}), which a feed-forward network "
+                             f"without an estimator takes (agent.{obs_set}.rnn.type=null, estimator.target=null).")
+        return CNNModel(obs, obs_groups_for(obs), obs_set, output_dim, **cfg, **kwargs, cnn_cfg=asdict(network.cnn))
     if estimator is not None and estimator.target is not None:
         if estimator.target not in obs.keys():
             groups = ", ".join(map(str, obs.keys()))

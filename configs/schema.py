@@ -169,12 +169,30 @@ class Fixture:
 
 
 @dataclass
+class Camera:
+    """A pinhole camera in every world, rendered for all worlds at once on the env's device
+    (Newton's ray tracer). Its frame looks along its +x with +z up (ROS's camera-link convention)."""
+
+    body: Optional[str] = None  # the robot body it is mounted on; null: fixed in the env frame
+    pos: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # in the body's (env's) frame [m]
+    quat: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 1.0])  # (x, y, z, w) in that frame
+    fov: float = 58.0  # vertical field of view [deg] (a RealSense D435's depth imager: 58)
+    width: int = 64  # [pixels]
+    height: int = 64
+    channels: list[str] = field(default_factory=lambda: ["depth"])  # depth (planar, metres) | rgb
+    near: float = 0.1  # [m]: depth nearer than this, or farther than ``far``, reads as no return (0)
+    far: float = 5.0  # [m]
+    period: int = 1  # a new frame every ``period`` control steps (and at each world's reset)
+
+
+@dataclass
 class Scene:
     robot: Robot = field(default_factory=Robot)
     ground: Optional[Ground] = field(default_factory=Ground)  # null: no ground (e.g. cart-pole)
     objects: dict[str, Any] = entries(RigidObject)  # name -> RigidObject
     fixtures: dict[str, Any] = entries(Fixture)  # name -> Fixture
     contact_sensing: bool = True  # net contact force per body after each control step (sim=mujoco)
+    cameras: dict[str, Any] = entries(Camera)  # name -> Camera
 
 
 # --- MDP terms -------------------------------------------------------------------------------------
@@ -336,11 +354,23 @@ class Recurrent:
 
 
 @dataclass
+class ConvEncoder:
+    """rsl-rl's CNN, one per image group a network reads (its flattened output joins the vectors)."""
+
+    output_channels: list[int] = field(default_factory=lambda: [16, 32, 32])
+    kernel_size: list[int] = field(default_factory=lambda: [5, 3, 3])
+    stride: list[int] = field(default_factory=lambda: [2, 2, 2])
+    padding: str = "zeros"  # each stride-2 layer halves the image, however small (none: shrinks by the kernel too)
+    activation: str = "elu"
+
+
+@dataclass
 class Network:
     hidden_dims: list[int] = field(default_factory=lambda: [512, 256, 128])
     activation: str = "elu"
-    obs_normalization: bool = True
+    obs_normalization: bool = True  # of the vector groups (images go to the CNN as they are)
     rnn: Recurrent = field(default_factory=Recurrent)  # e.g. agent.actor.rnn.type=lstm
+    cnn: ConvEncoder = field(default_factory=ConvEncoder)  # where the network reads an image group
 
 
 @dataclass

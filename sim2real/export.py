@@ -97,6 +97,11 @@ def build_metadata(loaded: LoadedRun, actor) -> PolicyContract:
 
     env, settings = loaded.env, loaded.cfg
     robot, task = env.robot, settings.task
+    images = getattr(actor, "obs_groups_2d", [])  # rsl-rl's CNNModel: its image groups, beside obs_groups
+    if images:
+        raise ExportError(f"the policy reads images ({', '.join(images)}); the edge runtime and its contract take "
+                          "vector observations only so far, so it cannot be exported: export a policy without "
+                          "image groups (e.g. a state teacher).")
     layout = env.observation_layout()
     terms, start = [], 0
     for group in actor.obs_groups:  # the actor's input is its groups concatenated in this order

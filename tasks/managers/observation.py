@@ -2,7 +2,8 @@
 
 ``task.observations`` names the groups and, in each, its terms in order (schema:
 :class:`legion.configs.schema.ObservationTerm`; functions in :mod:`legion.tasks.mdp.observations`).
-A group's observation is the concatenation of its terms' values, (num_envs, D_group) float32,
+A group's observation is the concatenation of its terms' values, (num_envs, D_group) float32
+(a group of images: their channels, (num_envs, C, H, W); images and vectors go in separate groups),
 each value ``clip(f(env) + noise) * scale``: ``noise`` uniform in [-noise, noise] per element, in
 the term's own units, times the term's per-env ``noise_scale`` (the ``obs_noise_scale`` event),
 while ``env.noise_enabled``; ``clip`` before ``scale``. The layout (where each term sits in its
@@ -57,17 +58,23 @@ class ObservationManager:
                 if term.clip is not None:
                     value = value.clamp(-term.clip, term.clip)
                 parts.append(value if isinstance(term.scale, float) and term.scale == 1.0 else value * term.scale)
-            groups[group] = torch.cat(parts, dim=-1)
+            try:
+                groups[group] = torch.cat(parts, dim=1)  # a vector's elements, an image's channels
+            except RuntimeError:
+                shapes = {term.name: tuple(part.shape[1:]) for term, part in zip(terms, parts)}
+                raise ValueError(f"task.observations.{group}: its terms' values {shapes} do not concatenate; put "
+                                 "images (C, H, W) in a group of their own, of one height and width.") from None
         return TensorDict(groups, batch_size=[env.num_envs], device=env.device)
 
     def layout(self) -> dict[str, list[dict]]:
-        """Per group, the terms in order: name, function, start, size, scale, clip, params (index
-        tensors as lists). Measures each term's size by calling it on the current state."""
+        """Per group, the terms in order: name, function, start, size (an image's: its channels),
+        scale, clip, params (index tensors as lists). Measures each term's size by calling it on the
+        current state."""
         layout = {}
         for group, terms in self.terms.items():
             entries, start = [], 0
             for term in terms:
-                size = term(self.env).shape[-1]
+                size = term(self.env).shape[1]
                 scale = term.scale.tolist() if isinstance(term.scale, torch.Tensor) else term.scale
                 params = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in term.params.items()}
                 entries.append({"name": term.name, "func": term.func.__name__, "start": start, "size": size,

@@ -26,8 +26,9 @@ import re
 
 import torch
 
-from legion.tasks.math import quat_from_yaw, quat_mul
+from legion.tasks.math import quat_from_euler_xyz, quat_from_yaw, quat_mul
 from legion.tasks.mdp.terms import Selection
+from legion.tasks.sim.camera import scene_camera
 
 MODES = ("startup", "reset", "interval")
 
@@ -260,3 +261,45 @@ def obs_noise_scale(env, mask, draw, terms: str = ".*", group: str | None = None
         for term in group_terms:
             if term.noise_scale is not None and group in (None, group_name) and re.fullmatch(terms, term.name):
                 term.noise_scale[:] = where(mask, draw(1), term.noise_scale)
+
+
+# --- cameras (task.scene.cameras) ---------------------------------------------------------------
+@event()
+def camera_position(env, mask, draw, camera: str):
+    """The camera's mount moved by U(range) [m] along each axis of its body's (or the env's) frame."""
+    cameras = scene_camera(env, camera)
+    pos = cameras.mount_pos[camera]
+    pos[:] = where(mask, cameras.mount_defaults[camera][0] + draw(3), pos)
+
+
+@event(domain=(-0.5, 0.5))
+def camera_rotation(env, mask, draw, camera: str):
+    """The camera turned on its mount by U(range) [rad] about its own x, y and z axes (roll,
+    pitch, yaw: R = Rz Ry Rx)."""
+    cameras = scene_camera(env, camera)
+    quat = cameras.mount_quat[camera]
+    quat[:] = where(mask, quat_mul(cameras.mount_defaults[camera][1], quat_from_euler_xyz(draw(3))), quat)
+
+
+@event(domain=(0.0, math.inf))
+def depth_noise(env, mask, draw, camera: str):
+    """Depth error: each pixel's depth d [m] plus N(0, (k d^2)^2), k U(range) [1/m] per world (a
+    stereo camera's error grows with the square of the distance; a RealSense D435's k is about
+    0.005-0.01 at 848x480)."""
+    noise = scene_camera(env, camera).noise[camera]["depth_noise"]
+    noise[:] = where(mask, draw(), noise)
+
+
+@event(domain=(0.0, 1.0))
+def depth_holes(env, mask, draw, camera: str):
+    """A share U(range) of the world's pixels reads no return (0, then the observation's far),
+    drawn anew at every read: the holes of stereo matching on dark, shiny or thin things."""
+    holes = scene_camera(env, camera).noise[camera]["holes"]
+    holes[:] = where(mask, draw(), holes)
+
+
+@event(domain=(0.0, math.inf))
+def rgb_gain(env, mask, draw, camera: str):
+    """Each colour channel times U(range), per world and channel: lighting and white balance."""
+    gain = scene_camera(env, camera).noise[camera]["gain"]
+    gain[:] = where(mask, draw(3), gain)

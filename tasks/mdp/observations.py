@@ -11,6 +11,8 @@ import functools
 
 import torch
 
+from legion.tasks.sim.camera import scene_camera
+
 
 def joint_pos_rel(env, joints=".*") -> torch.Tensor:
     """Joint positions relative to the default pose [rad or m]."""
@@ -91,3 +93,28 @@ def position_command(env) -> torch.Tensor:
 def last_action(env) -> torch.Tensor:
     """The policy's previous action, as it left the policy (before scaling)."""
     return env.action.actions
+
+
+
+def depth_image(env, camera: str) -> torch.Tensor:
+    """(num_envs, 1, height, width) [m] the camera's planar depth (task.scene.cameras), with the
+    world's randomized sensor error (events ``depth_noise``, ``depth_holes``: fresh at every
+    read), a pixel with no return (nothing within [near, far], or a hole) read as ``far``."""
+    cameras = scene_camera(env, camera)
+    depth, noise = cameras.depth(camera), cameras.noise[camera]
+    if env.any_world(noise["depth_noise"] > 0):  # a stereo camera's error: proportional to depth^2
+        sigma = noise["depth_noise"][:, None, None] * depth.square()
+        depth = torch.where(depth > 0, depth + sigma * torch.randn(depth.shape, device=depth.device,
+                                                                   generator=env.generator), 0.0)
+    if env.any_world(noise["holes"] > 0):
+        holes = torch.rand(depth.shape, device=depth.device, generator=env.generator) < noise["holes"][:, None, None]
+        depth = depth.masked_fill(holes, 0.0)
+    return torch.where(depth > 0, depth, cameras.cfgs[camera].far).unsqueeze(1)
+
+
+def rgb_image(env, camera: str) -> torch.Tensor:
+    """(num_envs, 3, height, width) the camera's colour image, each channel in [0, 1], times the
+    world's randomized gain per channel (event ``rgb_gain``)."""
+    cameras = scene_camera(env, camera)
+    rgb = cameras.rgb(camera).permute(0, 3, 1, 2).float() / 255.0
+    return (rgb * cameras.noise[camera]["gain"][:, :, None, None]).clamp(0.0, 1.0)

@@ -12,6 +12,7 @@ import warp as wp
 from torch.autograd.graph import increment_version
 
 from legion.configs.schema import Robot, Scene
+from legion.tasks.sim.camera import Cameras, check_cameras
 from legion.tasks.sim.scene import (
     JOINT_PARAMS,
     Articulation,
@@ -72,6 +73,7 @@ class NewtonSim:
     Attributes:
         scene: the entities by name (``"robot"``, then objects and fixtures in config order).
         robot: ``scene["robot"]``, an :class:`Articulation`.
+        cameras: the scene's :class:`~legion.tasks.sim.camera.Cameras` (``scene.cameras``), or ``None``.
         terrain: the generated :class:`~legion.tasks.sim.terrain.Terrain` all worlds share
             (``scene.ground.terrain``), or ``None`` (a plane at z = 0, or no ground).
         solver_limits: (len(SOLVER_LIMITS),) int32, the number of worlds that hit each of
@@ -89,6 +91,7 @@ class NewtonSim:
         solver_adapter = adapter(solver, backend, device)
         if num_envs < 1 or decimation < 1 or dt <= 0:
             raise ValueError(f"Need num_envs >= 1, decimation >= 1, dt > 0; got {num_envs}, {decimation}, {dt}.")
+        check_cameras(scene, num_envs, device)
         if scene.contact_sensing and not solver_adapter.senses_contacts:
             raise ValueError("Contact-force sensing needs sim=mujoco. For sim=xpbd set "
                              "task.scene.contact_sensing=false and remove the task's contact terms "
@@ -103,6 +106,7 @@ class NewtonSim:
         world, layout = self._build_model(scene, solver_adapter, contact_gap)
         self._make_views(world)
         self._make_entities(world, layout, scene.robot.file)
+        self.cameras = Cameras(self, scene, _WARP_LOCK) if scene.cameras else None
         self.motor_cfgs = {i: a for i, a in enumerate(joint_actuators(scene.robot, self.robot.joint_names))
                            if a is not None and a.model == "dc_motor"}  # robot joint index -> its dc_motor
         # After the views (it reads shapes_per_world) and the motors (the C backend may step them itself)
@@ -327,6 +331,8 @@ class NewtonSim:
         else:
             self._simulate()
         self.wrote_state()
+        if self.cameras is not None:
+            self.cameras.tick()
 
     @_one_thread_at_a_time
     def reset(self, worlds: torch.Tensor) -> None:
@@ -355,6 +361,8 @@ class NewtonSim:
             self._motor_reset.copy_(self._reset_mask_t[: self.num_envs, None].expand_as(self._motor_reset))
             for history in self._motor_states:
                 history.reset(self._motor_reset_wp)
+        if self.cameras is not None:
+            self.cameras.reset(self._reset_mask_t[: self.num_envs])
         self.wrote_state()
 
     def wrote_state(self) -> None:

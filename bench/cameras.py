@@ -1,0 +1,73 @@
+"""Cameras in every world: rendered frames/s and env-steps/s with a camera on and off.
+
+The Go2 on flat ground (``task=quadruped_flat robot=go2``) with one camera on its base looking
+forward (Newton's ray-traced SensorCamera on the env's device), read every control step by an
+observation group of the policy, so every step renders a frame per world. Per num_envs and
+camera (off; depth or RGB at each resolution; depth every ``--period`` steps): env-steps/s of
+LegionEnv.step with random actions, frames/s, and the env step's time over the camera-off one.
+
+    python bench/cameras.py [--num-envs 64 256 1024] [--steps 20] [--sizes 64 128] [--period 4]
+"""
+
+import argparse
+import time
+from typing import NamedTuple
+
+from common import compose, make_env, print_table, torch, write_json
+
+TASK = ("task=quadruped_flat", "robot=go2")
+CAMERA = "{{body: base, pos: [0.35, 0, 0.05], width: {size}, height: {size}, channels: [{channel}], period: {period}}}"
+TERMS = {"depth": "depth_image", "rgb": "rgb_image"}
+
+
+class Camera(NamedTuple):
+    channel: str  # depth | rgb
+    size: int  # width and height [pixels]
+    period: int  # control steps per frame
+
+
+def step_rate(num_envs: int, steps: int, camera: Camera | None) -> float:
+    """Env-steps/s of ``steps`` control steps, after two warm-up ones (kernels loaded, first frame)."""
+    overrides = [*TASK, f"sim.num_envs={num_envs}", "device=cpu"]
+    if camera is not None:
+        overrides += [f"+task.scene.cameras.front={CAMERA.format(**camera._asdict())}",
+                      f"+task.observations.policy_camera={{image: {{func: {TERMS[camera.channel]}, "
+                      "params: {camera: front}}}"]
+    env = make_env(compose(*overrides))
+    actions = torch.zeros(num_envs, env.num_actions)
+    with torch.inference_mode():
+        for _ in range(2):
+            env.step(actions)
+        start = time.perf_counter()
+        for _ in range(steps):
+            env.step(actions.uniform_(-1, 1))
+        return num_envs * steps / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-envs", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--period", type=int, default=4, help="the depth camera's period in the 'every N' rows")
+    args = parser.parse_args()
+    cameras = [None, *(Camera(c, s, 1) for s in args.sizes for c in ("depth", "rgb")),
+               Camera("depth", args.sizes[0], args.period)]
+    rows = []
+    for num_envs in args.num_envs:
+        off = None
+        for camera in cameras:
+            rate = step_rate(num_envs, args.steps, camera)
+            off = off or rate
+            name = "off" if camera is None else f"{camera.channel} {camera.size}x{camera.size}" + (
+                f" every {camera.period}" if camera.period > 1 else "")
+            frames = 0.0 if camera is None else rate / camera.period
+            rows.append({"num_envs": num_envs, "camera": name, "env_steps_per_s": rate, "frames_per_s": frames,
+                         "step_time_vs_off": off / rate})
+            print(f"  {num_envs} envs, camera {name}: {rate:,.0f} env-steps/s", flush=True)
+    print_table(rows)
+    write_json("cameras", rows, task=" ".join(TASK), steps=args.steps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""Cameras in every world: Newton's ray-traced ``SensorCamera``, one render call per camera for
+all worlds at once, on the simulation's device (Warp's CPU or CUDA kernels), images kept there.
+
+Conventions, one definition from training to the robot:
+
+- A camera's frame looks along its +x with +z up and +y left (ROS's camera-link convention);
+  ``pos`` and ``quat`` place it in its body's frame (or the env frame). Newton's cameras look
+  along -z with +y up (OpenGL's): :data:`GL_IN_CAMERA` turns one into the other.
+- **Depth** is planar: metres along the camera's axis (what a RealSense driver and MuJoCo's GL
+  renderer give), not the distance along each ray. A pixel with no surface between ``near``
+  and ``far`` reads 0 ("no return", a depth camera driver's convention).
+- **RGB** is 8-bit sRGB.
+
+A frame is rendered when it is read after the state changed: every ``period`` control steps for
+every world, and for a world that was reset since its last frame (a new episode never sees the
+previous one's images). A camera nobody reads costs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+import torch
+import warp as wp
+
+from legion.tasks.math import quat_mul, quat_rotate
+
+CHANNELS = ("depth", "rgb")
+BYTES_PER_PIXEL = {"depth": 4, "rgb": 4}  # float32 depth; packed RGBA
+# Newton's (OpenGL) camera frame in ours: its x (right) is our -y, its y (up) our z, its z (back) our -x.
+GL_IN_CAMERA = (0.5, -0.5, -0.5, 0.5)
+
+
+def check_cameras(scene, num_envs: int, device: str) -> None:
+    """Refuses, naming the camera and what to change, a camera config (``scene.cameras``) that
+    cannot render or whose images for ``num_envs`` worlds would not fit in half the device's free
+    memory; before the simulation is built."""
+    cameras, total = scene.cameras, 0
+    for name, cam in cameras.items():
+        where = f"task.scene.cameras.{name}"
+        unknown = [c for c in cam.channels if c not in CHANNELS]
+        if unknown or not cam.channels:
+            raise ValueError(f"{where}.channels: {list(cam.channels)}; each one of {list(CHANNELS)}.")
+        if cam.width < 1 or cam.height < 1:
+            raise ValueError(f"{where}: width and height must be >= 1 pixel, got {cam.width}x{cam.height}.")
+        if not 0 < cam.fov < 180:
+            raise ValueError(f"{where}.fov: {cam.fov}; a vertical field of view in (0, 180) degrees.")
+        if not 0 < cam.near < cam.far:
+            raise ValueError(f"{where}: needs 0 < near < far [m], got near={cam.near}, far={cam.far}.")
+        if cam.period < 1:
+            raise ValueError(f"{where}.period: {cam.period}; a frame every period >= 1 control steps.")
+        if len(cam.pos) != 3 or len(cam.quat) != 4:
+            raise ValueError(f"{where}: pos takes (x, y, z) [m] and quat (x, y, z, w).")
+        total += num_envs * cam.width * cam.height * sum(BYTES_PER_PIXEL[c] for c in cam.channels)
+    free = _free_memory(device)
+    if total > free / 2:
+        sizes = ", ".join(f"{n}: {c.width}x{c.height} {'+'.join(c.channels)}" for n, c in cameras.items())
+        raise ValueError(f"task.scene.cameras: the images of {num_envs} worlds ({sizes}) take {total / 2**30:.1f} GiB, "
+                         f"more than half of the {free / 2**30:.1f} GiB free on {device}: lower the resolution, "
+                         f"drop a channel or use fewer envs (sim.num_envs).")
+
+
+def scene_camera(env, camera: str):
+    """The env's :class:`Cameras` holding ``camera``; raises ValueError naming the scene's cameras."""
+    cameras = env.sim.cameras
+    if cameras is None or camera not in cameras:
+        raise ValueError(f"camera '{camera}' is not in task.scene.cameras "
+                         f"({sorted(cameras.cfgs) if cameras is not None else 'none'}).")
+    return cameras
+
+
+def _free_memory(device: str) -> int:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class Cameras:
+    """The scene's cameras (``task.scene.cameras``), rendered for every world by one
+    ``SensorCamera`` of the simulation's model.
+
+    Args:
+        sim: the :class:`~legion.tasks.sim.NewtonSim` (its model, state and robot).
+        scene: the :class:`~legion.configs.schema.Scene` (its ``cameras``, checked by
+            :func:`check_cameras`).
+        lock: held while rendering (Warp's CPU kernels must not run from two threads at once).
+
+    Attributes:
+        cfgs: the configs by name.
+    """
+
+    def __init__(self, sim, scene, lock):
+        from newton.sensors import SensorCamera
+
+        self.sim, self.cfgs, self._lock = sim, dict(scene.cameras), lock
+        n, device = sim.num_envs, sim.device
+        self.sensor = SensorCamera(sim.model, load_textures=False)
+        self.sensor.create_default_light(enable_shadows=False)
+        robot = sim.robot
+        self._body, self._rays, self._images, self._due = {}, {}, {}, {}
+        self.mount_pos, self.mount_quat, self.noise = {}, {}, {}
+        for name, cam in self.cfgs.items():
+            if cam.body is None:
+                self._body[name] = None
+            else:
+                hits = [b for b, label in enumerate(robot.body_names) if re.fullmatch(cam.body, label)]
+                if len(hits) != 1:
+                    raise ValueError(f"task.scene.cameras.{name}.body: '{cam.body}' names "
+                                     f"{'no' if not hits else 'more than one'} body of the robot; "
+                                     f"its bodies: {robot.body_names}")
+                self._body[name] = robot.slices.bodies.start + hits[0]
+            # Per world (randomization events move them): the mount, and the depth noise, holes and colour gain
+            self.mount_pos[name] = torch.tensor(cam.pos, dtype=torch.float32, device=device).repeat(n, 1)
+            self.mount_quat[name] = torch.tensor(cam.quat, dtype=torch.float32, device=device).repeat(n, 1)
+            self.noise[name] = {"depth_noise": torch.zeros(n, device=device), "holes": torch.zeros(n, device=device),
+                                "gain": torch.ones(n, 3, device=device)}
+            self._rays[name] = SensorCamera.compute_camera_rays_pinhole(
+                cam.width, cam.height, camera_fov=math.radians(cam.fov), device=device)
+            self._images[name] = {"depth": self.sensor.allocate_image_depth_forward(n, cam.width, cam.height),
+                                  "rgb": self.sensor.allocate_image_color(n, cam.width, cam.height)}
+            self._due[name] = torch.ones(n, dtype=torch.bool, device=device)
+        self.mount_defaults = {name: (self.mount_pos[name].clone(), self.mount_quat[name].clone())
+                               for name in self.cfgs}
+        self._gl = torch.tensor(GL_IN_CAMERA, device=device)
+        self._steps, self._refitted = 0, -1
+        self._poses = wp.zeros(n, dtype=wp.transformf, device=device)
+        self._poses_t = wp.to_torch(self._poses)  # (n, 7): position, quaternion (x, y, z, w)
+        self._world = torch.arange(n, dtype=torch.int32, device=device)
+        self._skip = torch.full_like(self._world, int(SensorCamera.WorldRenderFlag.DISABLE_PRESERVE))
+        self._world_indices = wp.from_torch(torch.empty_like(self._world), dtype=wp.int32)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.cfgs
+
+    def tick(self) -> None:
+        """After a control step: the cameras whose period came round are due in every world."""
+        self._steps += 1
+        for name, cam in self.cfgs.items():
+            if self._steps % cam.period == 0:
+                self._due[name].fill_(True)
+
+    def reset(self, worlds: torch.Tensor) -> None:
+        """Worlds whose state was written (num_envs,) bool: every camera renders them again."""
+        for due in self._due.values():
+            due |= worlds
+
+    def pose(self, name: str) -> torch.Tensor:
+        """(num_envs, 7) the camera's pose in the world (position [m], quaternion x, y, z, w) in
+        Newton's frame convention (looking along -z)."""
+        pos, quat = self.mount_pos[name], quat_mul(self.mount_quat[name], self._gl.expand_as(self.mount_quat[name]))
+        body = self._body[name]
+        if body is None:
+            return torch.cat([pos, quat], dim=-1)
+        body_pose = self.sim.body_q[:, body]
+        return torch.cat([body_pose[:, :3] + quat_rotate(body_pose[:, 3:], pos),
+                          quat_mul(body_pose[:, 3:], quat)], dim=-1)
+
+    def depth(self, name: str) -> torch.Tensor:
+        """(num_envs, height, width) float32 planar depth [m]; 0 where nothing is within [near, far]."""
+        self._render(name)
+        return wp.to_torch(self._images[name]["depth"])
+
+    def rgb(self, name: str) -> torch.Tensor:
+        """(num_envs, height, width, 3) uint8 sRGB."""
+        self._render(name)
+        return wp.to_torch(self._images[name]["rgb"]).view(torch.uint8).unflatten(-1, (-1, 4))[..., :3]
+
+    def _render(self, name: str) -> None:
+        due = self._due[name]
+        if torch.device(self.sim.device).type == "cpu" and not bool(due.any()):
+            return
+        cam, images = self.cfgs[name], self._images[name]
+        self._poses_t.copy_(self.pose(name))
+        torch.where(due, self._world, self._skip, out=wp.to_torch(self._world_indices))
+        channels = {"forward_depth_image": images["depth"]} if "depth" in cam.channels else {}
+        if "rgb" in cam.channels:
+            channels["color_image"] = images["rgb"]
+        with self._lock:
+            version = self.sim.body_q._version
+            if version != self._refitted:  # the shapes' bounds, once per new state for every camera
+                self.sim.model.bvh_refit_shapes(self.sim.state)
+                self._refitted = version
+            self.sensor.update(self.sim.state, self._poses, self._rays[name], world_indices=self._world_indices,
+                               **channels)
+        if "depth" in cam.channels:
+            depth = wp.to_torch(images["depth"])
+            depth.masked_fill_((depth < cam.near) | (depth > cam.far), 0.0)  # no return, as a depth camera
+        due.fill_(False)

@@ -1,0 +1,196 @@
+"""Cameras in every world (task.scene.cameras): what they see, where they are, when they render,
+and the configs they refuse."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_env
+from legion.configs import compose
+from legion.tasks.sim import NewtonSim
+
+WALL = "+task.scene.fixtures.wall={shape: box, size: [0.2, 4.0, 1.0], pos: [2.1, 0.0, 0.5]}"  # its face at x = 2
+FRONT = "+task.scene.cameras.front={body: base, pos: [0.3, 0.0, 0.0], width: 16, height: 12, fov: 60, far: 4}"
+
+
+def scene(*overrides: str):
+    return compose("task=quadruped_flat", WALL, *overrides).task.scene
+
+
+@pytest.mark.parametrize("backend", ["c", "warp"])
+def test_a_wall_at_a_known_distance_reads_that_planar_depth(backend):
+    """A camera fixed in the env frame at (0, 0, 0.5) looking along +x at a wall whose face is at
+    x = 2: every pixel on the wall reads 2 m (planar depth: the distance along the ray would grow
+    to 2 / cos of the pixel's angle off the axis, 2.3 m at the corners); the ground below reads
+    its own planar depth; the sky above, nothing (0)."""
+    cam = "+task.scene.cameras.fixed={pos: [0, 0, 0.5], width: 32, height: 24, fov: 60, far: 10}"
+    sim = NewtonSim(scene(cam), num_envs=2, dt=0.005, decimation=4, backend=backend)
+    depth = sim.cameras.depth("fixed")
+    assert depth.shape == (2, 24, 32)
+    # rows 8-15 look within 10 degrees of level: onto the wall (it spans z 0-1 at x = 2)
+    wall = depth[:, 8:16]
+    assert torch.allclose(wall, torch.full_like(wall, 2.0), atol=1e-3), wall
+    # the bottom row looks 28.75 deg down: the ground at 0.5 / tan(28.75 deg) = 0.911 m ahead
+    tan = (11.5 / 12) * math.tan(math.radians(30))
+    assert torch.allclose(depth[:, -1], torch.full_like(depth[:, -1], 0.5 / tan), atol=2e-3), depth[:, -1]
+    assert (depth[:, 0] == 0).all()  # above the wall's top edge: no return
+
+
+def test_a_camera_on_a_body_moves_with_it_world_by_world():
+    """A camera on the quadruped's base sees the wall 0.5 m nearer in the world whose robot stands
+    0.5 m further forward; the other world's image is unchanged."""
+    sim = NewtonSim(scene(FRONT), num_envs=2, dt=0.005, decimation=4, backend="c")
+    robot = sim.robot
+    robot.root_pose_w[:, 2] = 0.33
+    robot.root_pose_w[:, 3:] = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    sim.reset(torch.ones(2, dtype=torch.bool))
+    before = sim.cameras.depth("front").clone()
+    centre = before[:, 5:7, 7:9]
+    assert torch.allclose(centre, torch.full_like(centre, 2.0 - 0.3), atol=2e-3), centre
+    robot.root_pose_w[1, 0] = 0.5
+    sim.reset(torch.tensor([False, True]))
+    after = sim.cameras.depth("front")
+    assert torch.equal(after[0], before[0])
+    assert torch.allclose(after[1, 5:7, 7:9], torch.full((2, 2), 1.2), atol=2e-3), after[1]
+    pose = sim.cameras.pose("front")  # the camera's position: the base's, plus 0.3 m forward
+    assert torch.allclose(pose[:, :3], robot.root_pos_w + torch.tensor([0.3, 0.0, 0.0]), atol=1e-6)
+
+
+def test_a_frame_every_period_steps_and_at_each_reset():
+    sim = NewtonSim(scene(FRONT.replace("far: 4}", "far: 4, period: 3}")), num_envs=2, dt=0.005, decimation=4,
+                    backend="c")
+    robot = sim.robot
+    robot.root_pose_w[:, 2] = 0.33
+    sim.reset(torch.ones(2, dtype=torch.bool))
+    frames = [sim.cameras.depth("front").clone()]
+    for _ in range(3):  # the robot falls and walks nowhere: the image changes as its base sinks and tips
+        sim.step()
+        frames.append(sim.cameras.depth("front").clone())
+    assert torch.equal(frames[1], frames[0]) and torch.equal(frames[2], frames[0])  # steps 1, 2: the old frame
+    assert not torch.equal(frames[3], frames[0])  # step 3: a new one
+    robot.root_pose_w[0, 0] = 0.5
+    sim.reset(torch.tensor([True, False]))  # a reset world is drawn at once; the other keeps its frame
+    now = sim.cameras.depth("front")
+    assert torch.equal(now[1], frames[3][1]) and not torch.equal(now[0], frames[3][0])
+
+
+def test_the_rgb_image_shows_the_scene_and_depth_observations_read_far_for_no_return():
+    env = make_env("task=quadruped_flat", "sim.num_envs=2", WALL, FRONT.replace("}", ", channels: [depth, rgb]}"),
+                   "+task.observations.camera={depth: {func: depth_image, params: {camera: front}},"
+                   " colour: {func: rgb_image, params: {camera: front}}}")
+    obs = env.get_observations()
+    assert obs["camera"].shape == (2, 4, 12, 16) and obs["policy"].dim() == 2
+    depth, rgb = obs["camera"][:, 0], obs["camera"][:, 1:]
+    assert torch.allclose(depth[:, 0], torch.full_like(depth[:, 0], 4.0))  # the sky: no return, read as far
+    assert (rgb >= 0).all() and (rgb <= 1).all()
+    sky, wall = rgb[:, :, 0].mean(), rgb[:, :, 6].mean()
+    assert abs(float(sky - wall)) > 0.05  # the wall is not the sky's colour
+    assert env.observation_layout()["camera"][1]["size"] == 3  # an image term's size: its channels
+
+
+def test_mujoco_renders_the_same_depth():
+    """The same scene and camera through MuJoCo's GL renderer (the model plain MuJoCo simulates in
+    sim2sim): the planar depths agree within 1 cm on all but the pixels on an edge."""
+    import mujoco
+
+    from legion.sim2real.trajectories.media import RenderingUnavailable  # noqa: F401  (sets MUJOCO_GL)
+
+    cam = "+task.scene.cameras.fixed={pos: [0, 0, 0.5], width: 32, height: 24, fov: 60, far: 10}"
+    sim = NewtonSim(scene(cam), num_envs=1, dt=0.005, decimation=4, backend="c")
+    newton_depth = sim.cameras.depth("fixed")[0].numpy()
+    model = sim.solver.mujoco_model()
+    model.vis.global_.fovy = 60.0
+    model.vis.map.znear = 0.1 / model.stat.extent  # MuJoCo's near plane, as a share of the model's extent
+    data = mujoco.MjData(model)
+    mujoco.mj_forward(model, data)
+    view = mujoco.MjvCamera()
+    view.type = mujoco.mjtCamera.mjCAMERA_FREE
+    view.lookat[:], view.distance, view.azimuth, view.elevation = (1.0, 0.0, 0.5), 1.0, 0.0, 0.0
+    try:
+        renderer = mujoco.Renderer(model, 24, 32)
+    except Exception as e:
+        pytest.skip(f"no offscreen OpenGL here: {e}")
+    renderer.enable_depth_rendering()
+    renderer.update_scene(data, view)
+    mujoco_depth = renderer.render()
+    renderer.close()
+    hit = newton_depth > 0
+    mujoco_depth = np.where(mujoco_depth < 9.0, mujoco_depth, 0.0)  # MuJoCo's far plane: no return
+    agree = np.abs(newton_depth - mujoco_depth) < 0.01
+    assert hit.sum() > 400 and agree.mean() > 0.95, (agree.mean(), newton_depth[::4, ::4], mujoco_depth[::4, ::4])
+
+
+@pytest.mark.parametrize("camera, refused", [
+    ("{body: tail}", r"task.scene.cameras.c.body: 'tail' names no body of the robot; its bodies: \['base'"),
+    ("{channels: [depth, thermal]}", r"task.scene.cameras.c.channels: \['depth', 'thermal'\]; each one of"),
+    ("{near: 2.0, far: 1.0}", r"task.scene.cameras.c: needs 0 < near < far"),
+    ("{width: 8192, height: 8192, channels: [depth, rgb]}",
+     r"task.scene.cameras: the images of 2048 worlds \(c: 8192x8192 depth\+rgb\) take 1024.0 GiB, more than half"),
+])
+def test_a_camera_that_cannot_be_is_refused_by_name_before_anything_runs(camera, refused):
+    with pytest.raises(ValueError, match=refused):
+        NewtonSim(scene(f"+task.scene.cameras.c={camera}"), num_envs=2048, dt=0.005, decimation=4, backend="c")
+
+
+def test_a_group_mixing_images_and_vectors_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"task.observations.policy: its terms' values .* do not concatenate; put "
+                                         r"images \(C, H, W\) in a group of their own"):
+        make_env("task=quadruped_flat", "sim.num_envs=2", FRONT,
+                 "+task.observations.policy.depth={func: depth_image, params: {camera: front}}")
+
+
+def test_ppo_trains_a_cnn_on_image_groups_and_export_refuses_what_the_runtime_cannot_feed(tmp_path,
+                                                                                                 monkeypatch):
+    """A ``policy_<name>`` image group goes to the actor through rsl-rl's CNN model; `legion export`
+    refuses the policy by name rather than export it without its images."""
+    import torch
+
+    from conftest import legion_in_process
+
+    monkeypatch.chdir(tmp_path)
+    code, _, err = legion_in_process(
+        "train", "task=quadruped_flat", "sim.num_envs=4", "agent.max_iterations=1", "agent.num_steps_per_env=4",
+        FRONT, "+task.observations.policy_depth={depth: {func: depth_image, params: {camera: front}, scale: 0.25}}")
+    assert code == 0, err[-2000:]
+    run = next((tmp_path / "runs" / "quadruped_flat").iterdir())
+    actor = torch.load(next(run.glob("model_*.pt")), weights_only=False)["policy"]["actor_state_dict"]
+    assert actor["cnns.policy_depth.0.weight"].shape == (16, 1, 5, 5)  # one depth channel into the first conv
+    code, _, err = legion_in_process("export", f"run={run}")
+    assert code != 0 and "the policy reads images (policy_depth)" in err and "cannot be exported" in err, err[-2000:]
+    assert not (run / "exported" / "policy.onnx").exists()
+
+
+def test_camera_randomization_draws_per_world_and_corrupts_the_depth_as_configured():
+    """Mount jitter moves each world's camera within its range (and so its image); depth noise of
+    k = 0.02 / m spreads (observed - rendered) / d^2 with a standard deviation of 0.02; holes
+    blank the configured share of pixels; a colour gain scales each world's channels."""
+    def event(name, func, low, high):
+        return f"+task.events.{name}={{func: {func}, mode: startup, range: [{low}, {high}], params: {{camera: front}}}}"
+
+    cam = FRONT.replace("width: 16, height: 12", "width: 32, height: 24").replace("}", ", channels: [depth, rgb]}")
+    images = ("+task.observations.camera={depth: {func: depth_image, params: {camera: front}},"
+              " colour: {func: rgb_image, params: {camera: front}}}")
+    env = make_env("task=quadruped_flat", "sim.num_envs=64", WALL, cam, images,
+                   event("mount", "camera_position", -0.05, 0.05), event("turn", "camera_rotation", -0.1, 0.1),
+                   event("noise", "depth_noise", 0.02, 0.02), event("holes", "depth_holes", 0.25, 0.25),
+                   event("gain", "rgb_gain", 0.5, 1.5))
+    cameras = env.sim.cameras
+    offset = cameras.mount_pos["front"] - torch.tensor([0.3, 0.0, 0.0])
+    assert offset.abs().max() <= 0.05 and offset.std() > 0.02  # drawn per world, within the range
+    assert torch.unique(cameras.mount_quat["front"], dim=0).shape[0] == 64
+    rendered = cameras.depth("front")
+    assert torch.unique(rendered.flatten(1), dim=0).shape[0] == 64  # every world's camera sees its own image
+
+    obs = env.get_observations()["camera"]
+    depth = obs[:, 0]
+    returned = (rendered > 0) & (depth < 4.0)
+    holes = (rendered > 0) & (depth == 4.0)
+    assert abs(float(holes.sum() / (rendered > 0).sum()) - 0.25) < 0.02  # 25% of the returns are holes
+    error = ((depth - rendered) / rendered.square())[returned]
+    assert abs(float(error.std()) - 0.02) < 0.002 and abs(float(error.mean())) < 0.002
+    gain = env.sim.cameras.noise["front"]["gain"]
+    assert 0.5 <= gain.min() and gain.max() <= 1.5 and gain.std() > 0.2
+    unlit = cameras.rgb("front").permute(0, 3, 1, 2) / 255.0
+    assert torch.allclose((unlit * gain[:, :, None, None]).clamp(max=1.0), obs[:, 1:])
