@@ -3,7 +3,9 @@
 Writes into ``<run>/exported/`` (or ``out=``):
 
 - ``policy.onnx``: one file, opset 17, dynamic batch axis, the observation normalizer in the
-  graph. Input ``obs`` (B, obs_dim), output ``actions`` (B, num_actions), float32. A recurrent
+  graph. Input ``obs`` (B, obs_dim), output ``actions`` (B, num_actions), float32; an actor
+  that reads images (rsl-rl's CNN model) takes each image group as an input of its own,
+  (B, C, H, W) float32, named after the group, after ``obs``. A recurrent
   actor (rsl-rl's RNNModel, LSTM or GRU) adds ``h_in``/``h_out`` (and ``c_in``/``c_out``),
   shaped (layers, B, hidden).
 - ``policy_fp16.onnx``: float16 weights and arithmetic, float32 inputs and outputs.
@@ -36,10 +38,12 @@ from legion.sim2real.deploy.contract import (
     METADATA_VERSION,
     Action,
     Actuator,
+    Camera,
     Command,
     ExportedFile,
     Fall,
     HeightScan,
+    ImageInput,
     Observation,
     ObservationTerm,
     Onnx,
@@ -97,11 +101,6 @@ def build_metadata(loaded: LoadedRun, actor) -> PolicyContract:
 
     env, settings = loaded.env, loaded.cfg
     robot, task = env.robot, settings.task
-    images = getattr(actor, "obs_groups_2d", [])  # rsl-rl's CNNModel: its image groups, beside obs_groups
-    if images:
-        raise ExportError(f"the policy reads images ({', '.join(images)}); the edge runtime and its contract take "
-                          "vector observations only so far, so it cannot be exported: export a policy without "
-                          "image groups (e.g. a state teacher).")
     layout = env.observation_layout()
     terms, start = [], 0
     for group in actor.obs_groups:  # the actor's input is its groups concatenated in this order
@@ -110,6 +109,15 @@ def build_metadata(loaded: LoadedRun, actor) -> PolicyContract:
                                          size=entry["size"], scale=entry["scale"], clip=entry["clip"],
                                          params=entry["params"]))
             start += entry["size"]
+    images, cameras = [], {}
+    for group in getattr(actor, "obs_groups_2d", []):  # rsl-rl's CNNModel: its image groups, beside obs_groups
+        shape = list(env.get_observations()[group].shape[1:])
+        images.append(ImageInput(group=group, shape=shape, terms=[
+            ObservationTerm(name=e["name"], func=e["func"], group=group, start=e["start"], size=e["size"],
+                            scale=e["scale"], clip=e["clip"], params=e["params"]) for e in layout[group]]))
+        for entry in layout[group]:
+            name = entry["params"]["camera"]
+            cameras[name] = camera_contract(task.scene.cameras[name], env.step_dt)
     # The enabled event terms as configured, with the ranges in effect at the checkpoint (a
     # curriculum may have moved them).
     randomization = {}
@@ -144,8 +152,8 @@ def build_metadata(loaded: LoadedRun, actor) -> PolicyContract:
         recurrent = Recurrent(type="lstm" if isinstance(rnn, torch.nn.LSTM) else "gru", hidden_size=rnn.hidden_size,
                               num_layers=rnn.num_layers)
     state_names = [] if not recurrent else ["h_in", "c_in"] if recurrent.type == "lstm" else ["h_in"]
-    inputs = ["obs"] + state_names
-    outputs = ["actions"] + [name.replace("_in", "_out") for name in inputs[1:]]
+    inputs = ["obs"] + [image.group for image in images] + state_names
+    outputs = ["actions"] + [name.replace("_in", "_out") for name in state_names]
 
     def floats(t: torch.Tensor) -> list:
         # 7 significant digits: float32's precision, without float32's decimal noise (23.7000008)
@@ -208,17 +216,31 @@ def build_metadata(loaded: LoadedRun, actor) -> PolicyContract:
         control_dt=float(env.step_dt),
         physics_dt=float(env.sim.physics_dt),
         decimation=int(env.sim.decimation),
-        observation=Observation(groups=list(actor.obs_groups), size=start, terms=terms),
+        observation=Observation(groups=list(actor.obs_groups), size=start, terms=terms, images=images),
         command=command,
         randomization=randomization,
         ground_friction=task.scene.ground.friction if task.scene.ground else None,
         tracking=tracking,
         fall=fall,
         height_scan=height_scan,
+        cameras=cameras,
         normalizer="in the graph: (obs - mean) / (std + eps)" if actor.obs_normalization else "none",
         onnx=Onnx(opset=OPSET, inputs=inputs, outputs=outputs, recurrent=recurrent, obs_dim=start,
                   num_actions=env.num_actions),
     )
+
+
+def camera_contract(cam, control_dt: float) -> Camera:
+    """A ``task.scene.cameras`` entry as the contract states it (the pinhole's intrinsics from its
+    vertical field of view: fy = (H / 2) / tan(fov / 2), square pixels, centred)."""
+    import math
+
+    f = cam.height / 2 / math.tan(math.radians(cam.fov) / 2)
+    return Camera(body=cam.body, pos=list(cam.pos), quat=list(cam.quat), width=cam.width, height=cam.height,
+                  fov=cam.fov, intrinsics=[round(f, 6), round(f, 6), cam.width / 2, cam.height / 2],
+                  near=cam.near, far=cam.far, frame_period_s=round(cam.period * control_dt, 9),
+                  depth="(H, W) float32 planar depth [m] along the optical axis; 0, or outside [near, far]: no return",
+                  rgb="(H, W, 3) uint8 sRGB")
 
 
 # --- export and verification -----------------------------------------------------------------
@@ -231,8 +253,9 @@ def to_onnx(actor, metadata: PolicyContract | None = None):
     module = actor.as_onnx(verbose=False)  # rsl-rl's export wrapper: normalizer -> (RNN) -> MLP -> mean
     module = module.to("cpu").eval()
     inputs, outputs = module.input_names, module.output_names  # obs [h_in [c_in]] -> actions [h_out [c_out]]
-    dynamic_axes = {name: {0: "batch"} for name in ("obs", "actions")}
-    dynamic_axes.update({name: {1: "batch"} for name in inputs[1:] + outputs[1:]})
+    images = list(getattr(actor, "obs_groups_2d", []))  # CNN inputs after obs, batch first
+    dynamic_axes = {name: {0: "batch"} for name in ("obs", "actions", *images)}
+    dynamic_axes.update({name: {1: "batch"} for name in inputs[1 + len(images):] + outputs[1:]})
     buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
@@ -320,12 +343,17 @@ def compare(model_bytes: bytes, actor, observations: list, expected: tuple, tole
     session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
     input_names = [i.name for i in session.get_inputs()]
     flat = [torch.cat([obs[g] for g in actor.obs_groups], dim=-1).cpu().numpy() for obs in observations]
+    images = list(getattr(actor, "obs_groups_2d", []))
     actions, hidden = expected
-    if len(input_names) == 1:
-        got = session.run(None, {"obs": np.concatenate(flat)})[0]
+    if len(input_names) == 1 + len(images):  # feed-forward: one batch of everything, then rows one by one
+        def feeds(rows: slice) -> dict:
+            return {"obs": np.concatenate(flat)[rows],
+                    **{g: np.concatenate([obs[g].cpu().numpy() for obs in observations])[rows] for g in images}}
+
+        got = session.run(None, feeds(slice(None)))[0]
         error = float(np.abs(got - np.concatenate(actions)).max())
         for row in range(min(4, len(flat[0]))):
-            single = session.run(None, {"obs": flat[0][row:row + 1]})[0]
+            single = session.run(None, feeds(slice(row, row + 1)))[0]
             error = max(error, float(np.abs(single - actions[0][row:row + 1]).max()))
     else:
         batch = flat[0].shape[0]

@@ -79,9 +79,10 @@ def run_newton(env, policy, commands: np.ndarray, steps: int) -> list[dict]:
         env.command.hold(commands)  # one command per env, kept across the episode
         env.reset()
         obs = env.get_observations()
+        images = policy.image_names  # a policy that sees: its image groups as the env renders them
         for t in range(steps):
             flat = torch.cat([obs[g] for g in groups], dim=-1).cpu().numpy()
-            actions, state = policy(flat, state)
+            actions, state = policy(flat, state, {g: obs[g].cpu().numpy() for g in images})
             obs, _, dones, extras = env.step(torch.as_tensor(actions, device=env.device))
             lin.append(env.robot.root_lin_vel_b.cpu().numpy())
             ang.append(env.robot.root_ang_vel_b.cpu().numpy())
@@ -556,7 +557,9 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
         raise ValueError(f"task {settings.task.name} has no velocity command or no floating base; sim2sim compares "
                          "velocity-tracking (locomotion) and goal (position command) policies.")
     model = resolve_asset(settings.task.scene.robot.file)
-    if model.suffix != ".xml":  # a URDF or USD robot: MuJoCo as Newton built it (robot.mjb of the export)
+    # A URDF or USD robot, or a policy that sees (the scene it saw: fixtures, objects): MuJoCo as
+    # Newton built it (robot.mjb of the export)
+    if model.suffix != ".xml" or settings.task.scene.cameras:
         model = trained_mujoco_model(env)
     options = physics_options(physics, settings.sim)
     if onnx is None:
@@ -650,7 +653,8 @@ def compare_goals(run: Path, checkpoint=None, onnx: Path | None = None, episodes
         obs, state = env.get_observations(), policy.initial_state(episodes)
         distance, ended = np.zeros((steps, episodes)), np.zeros(episodes, bool)
         for t in range(steps):
-            actions, state = policy(torch.cat([obs[g] for g in groups], dim=-1).cpu().numpy(), state)
+            actions, state = policy(torch.cat([obs[g] for g in groups], dim=-1).cpu().numpy(), state,
+                                    {g: obs[g].cpu().numpy() for g in policy.image_names})
             obs, _, dones, _ = env.step(torch.as_tensor(actions, device=env.device))
             now = command.position_error().cpu().numpy()
             distance[t] = np.where(ended, distance[t - 1], now)

@@ -141,25 +141,76 @@ def test_a_group_mixing_images_and_vectors_is_refused_naming_it():
                  "+task.observations.policy.depth={func: depth_image, params: {camera: front}}")
 
 
-def test_ppo_trains_a_cnn_on_image_groups_and_export_refuses_what_the_runtime_cannot_feed(tmp_path,
-                                                                                                 monkeypatch):
+def test_a_pixel_policy_trains_exports_and_runs_in_the_edge_runtime_as_in_training(tmp_path, monkeypatch):
     """A ``policy_<name>`` image group goes to the actor through rsl-rl's CNN model; `legion export`
-    refuses the policy by name rather than export it without its images."""
-    import torch
+    writes it with the image group as an ONNX input of its own and the camera in the contract; the
+    edge runtime builds the image from a camera's raw depth (0: no return) as training did and acts
+    as the torch policy does (1e-5); an image of another size is refused naming the camera."""
+    import numpy as np
 
     from conftest import legion_in_process
+    from legion import api
+    from legion.sim2real.deploy import PolicyRunner, StateError
 
     monkeypatch.chdir(tmp_path)
     code, _, err = legion_in_process(
         "train", "task=quadruped_flat", "sim.num_envs=4", "agent.max_iterations=1", "agent.num_steps_per_env=4",
-        FRONT, "+task.observations.policy_depth={depth: {func: depth_image, params: {camera: front}, scale: 0.25}}")
+        WALL, FRONT, "+task.observations.policy_depth={depth: {func: depth_image, params: {camera: front}, "
+                     "scale: 0.25}}")
     assert code == 0, err[-2000:]
     run = next((tmp_path / "runs" / "quadruped_flat").iterdir())
     actor = torch.load(next(run.glob("model_*.pt")), weights_only=False)["policy"]["actor_state_dict"]
     assert actor["cnns.policy_depth.0.weight"].shape == (16, 1, 5, 5)  # one depth channel into the first conv
-    code, _, err = legion_in_process("export", f"run={run}")
-    assert code != 0 and "the policy reads images (policy_depth)" in err and "cannot be exported" in err, err[-2000:]
-    assert not (run / "exported" / "policy.onnx").exists()
+    code, out, err = legion_in_process("export", f"run={run}")
+    assert code == 0, err[-2000:]
+
+    runner = PolicyRunner(run / "exported" / "policy.onnx")
+    meta = runner.metadata
+    assert meta.onnx.inputs == ["obs", "policy_depth"] and meta.observation.images[0].shape == [1, 12, 16]
+    camera = meta.cameras["front"]
+    assert (camera.body, camera.width, camera.height, camera.far) == ("base", 16, 12, 4.0)
+    assert camera.intrinsics == pytest.approx([6 / math.tan(math.radians(30)), 6 / math.tan(math.radians(30)), 8, 6])
+
+    loaded = api.load_run(run, None, ["sim.num_envs=4"])
+    loaded.env.noise_enabled = False
+    obs = loaded.env.refresh_observations()
+    raw = loaded.env.sim.cameras.depth("front").numpy()  # what the camera driver reports: 0 = no return
+    assert (raw == 0).any() and (raw > 0).any()
+    images = np.stack([runner.terms.images({"front/depth": raw[i]})["policy_depth"] for i in range(4)])
+    assert np.abs(images - obs["policy_depth"].numpy()).max() <= 1e-6
+    policy = loaded.runner.policy
+    with torch.inference_mode():
+        expected = policy(obs).numpy()
+    actions, _ = runner.policy(obs["policy"].numpy(), None, {"policy_depth": images})
+    assert np.abs(actions - expected).max() <= 1e-5
+
+    # Plain MuJoCo (the export's robot.mjb, its OpenGL renderer) draws world 0's state as Newton's ray tracer did.
+    import mujoco
+
+    from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
+
+    try:
+        robot = MuJoCoRobot(run / "exported" / "robot.mjb", meta)
+    except Exception as e:  # no offscreen OpenGL
+        pytest.skip(f"MuJoCo cannot render here: {e}")
+    trained_robot = loaded.env.robot
+    robot.data.qpos[0:3] = trained_robot.root_pos_w[0].numpy()
+    robot.data.qpos[3:7] = trained_robot.root_quat_w[0, [3, 0, 1, 2]].numpy()
+    robot.data.qpos[robot.qpos_ids] = trained_robot.joint_pos[0].numpy()
+    mujoco.mj_forward(robot.model, robot.data)
+    drawn = robot.read_state()["front/depth"]
+    robot.close()
+    assert drawn.shape == (12, 16) and 0.2 < (drawn > 0).mean() < 0.9 and ((drawn > 0) == (raw[0] > 0)).mean() > 0.95
+    assert (np.abs(drawn - raw[0]) < 0.01).mean() > 0.95, (drawn, raw[0])
+
+    state = {key: np.zeros(shape, np.float32) for key, shape in runner.terms.state_shapes}
+    state["base_quat"][3] = 1.0
+    runner.act(state)  # a state of the right shapes acts
+    with pytest.raises(StateError, match=r"robot state 'front/depth' has shape \(480, 640\) and dtype float32; the "
+                                         r"policy expects shape \(12, 16\) numbers \(depth of camera 'front'"):
+        runner.act({**state, "front/depth": np.zeros((480, 640), np.float32)})
+    with pytest.raises(StateError, match=r"'front/depth' has shape \(12, 16\) and dtype uint16"):  # millimetres
+        runner.act({**state, "front/depth": np.zeros((12, 16), np.uint16)})
 
 
 def test_camera_randomization_draws_per_world_and_corrupts_the_depth_as_configured():

@@ -17,6 +17,7 @@ from conftest import SMALL_TERRAIN, export_untrained_run
 from legion.configs import task_names
 from legion.sim2real.deploy.contract import Observation, ObservationTerm, PolicyContract
 from legion.sim2real.deploy.policy import (
+    IMAGE_TERMS,
     OBSERVATION_TERMS,
     ObservationTerms,
     OnnxPolicy,
@@ -85,18 +86,17 @@ def robot_states(env, metadata: PolicyContract) -> list[dict]:
 
 
 def test_every_observation_term_of_the_training_package_has_an_edge_version():
-    # (not the image terms: a policy that reads images is refused at export, tests/test_cameras.py)
     terms = {name for name, func in vars(observations).items()
              if inspect.isfunction(func) and func.__module__ == observations.__name__
-             and next(iter(inspect.signature(func).parameters), None) == "env" and not name.startswith("_")
-             and not name.endswith("_image")}
-    assert terms and not terms - set(OBSERVATION_TERMS), \
-        f"no edge-runtime version of {sorted(terms - set(OBSERVATION_TERMS))}: add them to OBSERVATION_TERMS"
+             and next(iter(inspect.signature(func).parameters), None) == "env"}
+    edge = set(OBSERVATION_TERMS) | set(IMAGE_TERMS)  # (images: tests/test_cameras.py holds them to training's)
+    assert terms and not terms - edge, \
+        f"no edge-runtime version of {sorted(terms - edge)}: add them to OBSERVATION_TERMS (images: IMAGE_TERMS)"
 
 
 def test_a_policy_with_a_term_the_runtime_lacks_is_refused_at_load_naming_it():
     observation = Observation(groups=["policy"], size=2, terms=[ObservationTerm(
-        name="accel", func="joint_acc", group="policy", start=0, size=2, scale=1.0, clip=None, params={})])
+        name="accel", func="joint_acc", group="policy", start=0, size=2, scale=1.0, clip=None, params={})], images=[])
     with pytest.raises(PolicyLoadError, match=r"policy.onnx: observation term 'accel' \(function joint_acc\) has no "
                                               r"edge-runtime version; known: \[.*\]. Add it to .* OBSERVATION_TERMS"):
         ObservationTerms(observation, ["a", "b"], [0.0, 0.0], where="policy.onnx")
@@ -113,7 +113,7 @@ def test_the_edge_runtime_observes_what_the_env_observes_term_by_term(exported):
     for group, terms in env.observation_layout().items():
         if group not in metadata.observation.groups:
             layouts[group] = Observation(groups=[group], size=sum(t["size"] for t in terms), terms=[
-                ObservationTerm(**{**t, "group": group}) for t in terms])
+                ObservationTerm(**{**t, "group": group}) for t in terms], images=[])
     runtimes = {name: ObservationTerms.of(metadata, observation=layout) for name, layout in layouts.items()}
     clip = metadata.action.clip
     generator = torch.Generator().manual_seed(0)

@@ -122,7 +122,8 @@ def test_metadata_round_trip(trained):
     assert verification["policy.onnx"]["max_abs_diff"] <= 1e-5
 
     robot = env.robot
-    assert meta.metadata_version == METADATA_VERSION == 2
+    assert meta.metadata_version == METADATA_VERSION == 3
+    assert meta.cameras == {} and meta.observation.images == []  # a policy that sees: tests/test_cameras.py
     assert meta.joint_names == robot.joint_names
     assert meta.default_joint_pos == pytest.approx(robot.default_joint_pos[0].tolist(), abs=1e-6)
     assert sidecar["action"] == {"type": "joint_position", "joint_ids": list(range(12)), "scale": 0.25,
@@ -151,14 +152,18 @@ def test_metadata_round_trip(trained):
     assert meta.onnx.recurrent is None and meta.checkpoint == "model_1.pt"
 
 
-def older_versions(sidecar: dict) -> tuple[dict, dict]:
-    """A version-2 file as an early version-2 export wrote it (before base_com, the actuators, joint
-    armature and friction, the height scan, the action's clamp, rate limit and IK, the command's
-    entity, body and reference quaternion) and as version 1 wrote it (also without tracking terms,
-    fall conditions and term params, its command the task config's ``commands`` section)."""
+def older_versions(sidecar: dict) -> tuple[dict, dict, dict]:
+    """The file as version 2 wrote it (no cameras, no image inputs), as an early version-2 export
+    wrote it (also before base_com, the actuators, joint armature and friction, the height scan, the
+    action's clamp, rate limit and IK, the command's entity, body and reference quaternion) and as
+    version 1 wrote it (also without tracking terms, fall conditions and term params, its command
+    the task config's ``commands`` section)."""
     import copy
 
-    early = copy.deepcopy(sidecar)
+    v2 = copy.deepcopy(sidecar)
+    v2["metadata_version"] = 2
+    del v2["cameras"], v2["observation"]["images"]
+    early = copy.deepcopy(v2)
     for key in ("base_com", "actuators", "joint_armature", "joint_friction", "height_scan"):
         del early[key]
     for key in ("clamp_to_limits", "max_target_rate", "task_space"):
@@ -173,7 +178,7 @@ def older_versions(sidecar: dict) -> tuple[dict, dict]:
     command = v1.pop("command")
     v1["commands"] = {**command["ranges"], "resampling_time_s": command["resampling_time_s"],
                       "standing_fraction": command["standing_fraction"]}
-    return early, v1
+    return v2, early, v1
 
 
 def test_version_1_and_2_files_load_migrated(trained, tmp_path):
@@ -182,12 +187,15 @@ def test_version_1_and_2_files_load_migrated(trained, tmp_path):
     from legion.sim2real.deploy import PolicyRunner
     from legion.sim2real.deploy.contract import READABLE_VERSIONS, Actuator, Fall, PolicyContract, Tracking
 
-    assert READABLE_VERSIONS == (1, 2)
+    assert READABLE_VERSIONS == (1, 2, 3)
     current = json.loads((trained["out"] / "policy.json").read_text())
-    early, v1 = older_versions(current)
+    v2, early, v1 = older_versions(current)
+    assert PolicyContract.from_dict(v2).embedded() == {**PolicyContract.from_dict(current).embedded(),
+                                                       "metadata_version": 2}
     for data in (early, v1):
         contract = PolicyContract.from_dict(data)
         assert contract.metadata_version == data["metadata_version"]
+        assert contract.cameras == {} and contract.observation.images == []
         assert contract.base_com == [0.0, 0.0, 0.0] and contract.height_scan is None
         assert contract.joint_armature is None and contract.joint_friction is None
         assert contract.actuators == [Actuator(model="implicit", saturation_effort=None, velocity_limit=None)] * 12
@@ -258,16 +266,17 @@ def test_an_unknown_version_or_a_foreign_json_is_refused_naming_the_versions_rea
 
     good = json.loads((trained["out"] / "policy.json").read_text())
     refused = {
-        "newer.json": ({**good, "metadata_version": 3}, r"newer.json: metadata_version: 3 is not a version this "
-                       r"runtime reads \(1, 2\). It was exported by a newer legion-rl: update legion-rl on the robot"),
+        "newer.json": ({**good, "metadata_version": 4}, r"newer.json: metadata_version: 4 is not a version this "
+                       r"runtime reads \(1, 2, 3\). It was exported by a newer legion-rl: update legion-rl on the "
+                       r"robot"),
         "zero.json": ({**good, "metadata_version": 0}, r"zero.json: metadata_version: 0 is not a version this "
-                      r"runtime reads \(1, 2\). Re-export the policy"),
-        "text.json": ({**good, "metadata_version": "2"}, r"metadata_version: '2' is not a version this runtime reads"),
+                      r"runtime reads \(1, 2, 3\). Re-export the policy"),
+        "text.json": ({**good, "metadata_version": "3"}, r"metadata_version: '3' is not a version this runtime reads"),
         "foreign.json": ({"name": "a model", "layers": [64, 64]}, r"foreign.json: metadata_version: missing, so this "
-                         r"is no legion policy file \(legion export writes metadata_version 2; this runtime reads "
-                         r"versions 1, 2\)"),
+                         r"is no legion policy file \(legion export writes metadata_version 3; this runtime reads "
+                         r"versions 1, 2, 3\)"),
         "list.json": ([1, 2, 3], r"list.json: not a legion policy file: expected a JSON object with metadata_version "
-                      r"\(this runtime reads versions 1, 2\), got a list"),
+                      r"\(this runtime reads versions 1, 2, 3\), got a list"),
         "broken.json": ("{not json", r"broken.json: not JSON"),
     }
     for name, (data, message) in refused.items():
@@ -283,7 +292,7 @@ def test_the_shipped_json_schema_is_the_one_the_contract_generates():
     assert SCHEMA_FILE.read_text() == schema_text(), \
         "stale: regenerate it: python -c \"import legion.sim2real.deploy.contract as c; c.write_schema()\""
     schema = json_schema()
-    assert schema["properties"]["metadata_version"]["const"] == 2 and "files" not in schema["required"]
+    assert schema["properties"]["metadata_version"]["const"] == 3 and "files" not in schema["required"]
     assert schema["$defs"]["Action"]["properties"]["scale"]["anyOf"] == [
         {"type": "number"}, {"type": "array", "items": {"type": "number"}}]
     assert schema["$defs"]["Action"]["properties"]["scale"]["description"].startswith("target = offset + scale")
@@ -439,8 +448,8 @@ def test_truncated_or_tampered_files_are_refused(trained, tmp_path):
     del model.metadata_props[:]
     onnx.save(model, bare / "foreign.onnx")
     with pytest.raises(PolicyLoadError, match=r"foreign.onnx: metadata_version: missing, so this is no legion policy "
-                                              r"file \(legion export writes metadata_version 2; this runtime reads "
-                                              r"versions 1, 2\). Was it written by legion export\?"):
+                                              r"file \(legion export writes metadata_version 3; this runtime reads "
+                                              r"versions 1, 2, 3\). Was it written by legion export\?"):
         PolicyRunner(bare / "foreign.onnx")
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-METADATA_VERSION = 2  # the layout legion export writes (2 added tracking terms, fall conditions, term params)
+METADATA_VERSION = 3  # the layout legion export writes (2 added tracking terms, fall conditions, term params; 3 images)
 READABLE_VERSIONS = tuple(range(1, METADATA_VERSION + 1))  # what this runtime reads; older ones migrated (migrate)
 SCHEMA_FILE = Path(__file__).with_name("policy.schema.json")  # the JSON schema of the layout (json_schema)
 
@@ -118,12 +118,43 @@ class ObservationTerm:
 
 
 @dataclass
-class Observation:
-    """The policy's input: its groups' terms, concatenated in order."""
+class ImageInput:
+    """An observation group of images: one ONNX input of its own, (B, C, H, W) float32, its terms'
+    channels stacked in order (each term: ``start`` its first channel, ``size`` its channels)."""
 
-    groups: list[str]  # the observation groups the actor reads, in order
+    group: str  # the observation group, and the ONNX input's name
+    shape: list[int]  # (C, H, W)
+    terms: list[ObservationTerm]  # depth_image (1 channel) or rgb_image (3), params {camera: name}
+
+
+@dataclass
+class Observation:
+    """The policy's input: its vector groups' terms, concatenated in order (ONNX input ``obs``), and
+    its image groups (their own inputs)."""
+
+    groups: list[str]  # the vector observation groups the actor reads, in order
     size: int  # total number of values (the ONNX input's width)
     terms: list[ObservationTerm]  # in input order
+    images: list[ImageInput]  # the image groups, in the ONNX inputs' order after obs; [] for none
+
+
+@dataclass
+class Camera:
+    """A camera a policy sees through, as trained: an ideal pinhole camera (square pixels, the
+    principal point at the image's centre), rendered by ray tracing."""
+
+    body: str | None  # the robot body it is mounted on; null: fixed in the world (env) frame
+    pos: list[float]  # (3,) its position in that frame [m]
+    quat: list[float]  # (4,) (x, y, z, w) its orientation in that frame; the camera looks along its +x, z up
+    width: int  # [pixels]
+    height: int  # [pixels]
+    fov: float  # vertical field of view [deg]
+    intrinsics: list[float]  # (fx, fy, cx, cy) [pixels]: the same pinhole as fov, width and height
+    near: float  # [m] depth nearer than this reads as no return
+    far: float  # [m] depth farther than this reads as no return; the observation reads no return as far
+    frame_period_s: float  # [s] between frames in training (period x control_dt)
+    depth: str  # robot state key <camera>/depth, in words
+    rgb: str  # robot state key <camera>/rgb, in words
 
 
 @dataclass
@@ -188,7 +219,7 @@ class Onnx:
     """The ONNX graph's interface."""
 
     opset: int  # ONNX opset
-    inputs: list[str]  # obs, then h_in (and c_in) for a recurrent actor
+    inputs: list[str]  # obs, then each image group's, then h_in (and c_in) for a recurrent actor
     outputs: list[str]  # actions, then h_out (and c_out)
     recurrent: Recurrent | None  # null: an MLP
     obs_dim: int  # width of the obs input
@@ -237,6 +268,7 @@ class PolicyContract:
     tracking: Tracking  # velocity-tracking reward terms
     fall: Fall  # fall conditions
     height_scan: HeightScan | None  # the height-scan points; null: the policy does not scan
+    cameras: dict[str, Camera]  # the cameras the policy's image inputs come from, by name; {} for none
     normalizer: str  # the observation normalizer, in words (it is inside the ONNX graph)
     onnx: Onnx  # the graph's inputs and outputs
     files: dict[str, ExportedFile] | None = None  # policy.json only: per ONNX file, its digest
@@ -305,7 +337,9 @@ def migrate(data: Any, where: str | Path = "policy.json") -> dict:
     data = copy.deepcopy(data)
     if version == 1:
         _migrate_v1(data)
-    _fill_version_2_additions(data)
+    if version <= 2:
+        _fill_version_2_additions(data)
+        _migrate_v2(data)
     return data
 
 
@@ -343,6 +377,13 @@ def _fill_version_2_additions(data: dict) -> None:
     if isinstance(data.get("command"), dict):
         for key, absent in (("entity", "robot"), ("body", None), ("quat_reference", None)):
             data["command"].setdefault(key, absent)
+
+
+def _migrate_v2(data: dict) -> None:
+    """Version 2 had no image inputs and no cameras."""
+    if isinstance(data.get("observation"), dict):
+        data["observation"].setdefault("images", [])
+    data.setdefault("cameras", {})
 
 
 def _dicts(values: Any) -> list[dict]:

@@ -158,6 +158,12 @@ class MuJoCoRobot:
             model.actuator_gainprm[self.actuator_ids, 0] = kp[driven]
             model.actuator_biasprm[self.actuator_ids, 1] = -kp[driven]
             model.actuator_biasprm[self.actuator_ids, 2] = -kd[driven]
+        channels: dict[str, set[str]] = {}  # per camera, what the policy's image terms read of it
+        for image in metadata.observation.images:
+            for term in image.terms:
+                channels.setdefault(term.params["camera"], set()).add("rgb" if term.func == "rgb_image" else "depth")
+        self.cameras = {name: MuJoCoCamera(model, name, metadata.cameras[name], sorted(kinds), where)
+                        for name, kinds in channels.items()}
         self.targets = np.asarray(metadata.default_joint_pos, np.float64)
         self.held_base: np.ndarray | None = None  # hang()
         if floor_friction is not None:
@@ -255,7 +261,16 @@ class MuJoCoRobot:
             state["height_scan"] = np.full(len(self.metadata.height_scan.points), -d.qpos[2], np.float32)
         if self.object_body is not None:  # in the base frame, as a camera calibrated to the robot reports it
             state["object_pos"] = (rot.T @ (self._object_position() - base_pos)).astype(np.float32)
+        if self.cameras:
+            mujoco.mj_kinematics(self.model, d)  # the bodies' poses of now (mj_step leaves the step's start's)
+            for camera in self.cameras.values():
+                state.update(camera.render(d))
         return state
+
+    def close(self) -> None:
+        """Frees the cameras' renderers (OpenGL contexts)."""
+        for camera in self.cameras.values():
+            camera.close()
 
     def _object_position(self) -> np.ndarray:
         joint = self.model.body_jntadr[self.object_body]
@@ -300,6 +315,60 @@ class MuJoCoRobot:
         self.physics_step(joint_pos_targets)
         for _ in range(self.decimation - 1):
             self.physics_step()
+
+
+class MuJoCoCamera:
+    """A camera of the policy's contract (:class:`~legion.sim2real.deploy.contract.Camera`) drawn by
+    MuJoCo's OpenGL renderer: its pose from its body's, its pinhole frustum from the contract's
+    field of view, planar depth [m] (0 outside [near, far]) and sRGB colour, as a robot's driver
+    reports them (state keys ``<camera>/depth``, ``<camera>/rgb``). Needs an OpenGL that works
+    offscreen (``MUJOCO_GL=egl`` or ``osmesa``)."""
+
+    def __init__(self, model: mujoco.MjModel, name: str, camera, channels: list[str], where):
+        self.name, self.camera, self.model, self.channels = name, camera, model, channels
+        self.body = 0
+        if camera.body is not None:
+            self.body = find_id(model, mujoco.mjtObj.mjOBJ_BODY, camera.body)
+            if self.body < 0:
+                raise ValueError(f"{where} has no body '{camera.body}', which camera '{name}' is mounted on.")
+        self.mount = np.empty(9)
+        x, y, z, w = camera.quat
+        mujoco.mju_quat2Mat(self.mount, np.array([w, x, y, z], np.float64))
+        self.mount = self.mount.reshape(3, 3)
+        self.renderer = mujoco.Renderer(model, camera.height, camera.width)
+        self.view = mujoco.MjvCamera()
+        self.view.type = mujoco.mjtCamera.mjCAMERA_FREE
+
+    def render(self, data: mujoco.MjData) -> dict[str, np.ndarray]:
+        """The camera's images in ``data``'s state (its bodies' poses up to date: mj_kinematics)."""
+        rot = data.xmat[self.body].reshape(3, 3)
+        position = data.xpos[self.body] + rot @ np.asarray(self.camera.pos)
+        axes = rot @ self.mount  # the camera's x (forward) and z (up) in the world
+        images = {}
+        for channel in self.channels:
+            renderer = self.renderer
+            if channel == "depth":
+                renderer.enable_depth_rendering()
+            renderer.update_scene(data, self.view)
+            extent = self.model.stat.extent  # what the renderer's depth conversion assumes
+            near, far = self.model.vis.map.znear * extent, self.model.vis.map.zfar * extent
+            half = near * np.tan(np.radians(self.camera.fov) / 2)
+            for eye in renderer.scene.camera:  # (the two of a stereo pair: both at the one camera)
+                eye.pos, eye.forward, eye.up = position, axes[:, 0], axes[:, 2]
+                eye.frustum_near, eye.frustum_far, eye.frustum_center = near, far, 0.0
+                eye.frustum_bottom, eye.frustum_top = -half, half
+                eye.frustum_width = half * self.camera.width / self.camera.height
+            image = renderer.render()
+            if channel == "depth":
+                renderer.disable_depth_rendering()
+                image = np.where((image >= self.camera.near) & (image <= self.camera.far), image, 0.0)
+                images[f"{self.name}/depth"] = image.astype(np.float32)
+            else:
+                images[f"{self.name}/rgb"] = image
+        return images
+
+    def close(self) -> None:
+        self.renderer.close()
 
 
 def _with_options(model: mujoco.MjModel, options: dict | None) -> mujoco.MjModel:

@@ -3,7 +3,8 @@
 Imports numpy and onnxruntime only. ``legion export`` writes a folder with
 
 - ``policy.onnx``: the actor with its observation normalizer in the graph; input ``obs``
-  (B, obs_dim) float32, output ``actions`` (B, num_actions) float32. Recurrent policies add
+  (B, obs_dim) float32 (a policy that sees: then each image group, (B, C, H, W) float32), output
+  ``actions`` (B, num_actions) float32. Recurrent policies add
   ``h_in``/``h_out`` (and ``c_in``/``c_out`` for an LSTM), shaped (layers, B, hidden).
 - ``policy_fp16.onnx``: the same with float16 weights (float32 inputs and outputs).
 - ``policy.json``: the metadata embedded in the ONNX file (``metadata_props``, one JSON value
@@ -28,6 +29,10 @@ A robot state is a dict of numpy arrays, in SI units and the joint order of
   base's height (negative below the base), at the P points ``metadata.height_scan.points``
   [m], given in the base's heading frame (x forward, y left; turning with the base's yaw only),
   in that order: what an elevation map around the robot reports
+- ``<camera>/depth`` (H, W) float32 [m] and ``<camera>/rgb`` (H, W, 3) uint8 (only for a policy
+  that sees, for each camera of ``metadata.cameras`` its image terms read): planar depth along
+  the optical axis (0, NaN or outside the camera's [near, far]: no return) and sRGB colour, of a
+  camera at the mount, resolution and field of view the contract states
 - ``timestamp`` [s]: when the sensors were sampled (used by the control loop's watchdog)
 
 A task-space policy (``action.type`` task_space) acts on its body's pose: the runtime turns the
@@ -60,7 +65,9 @@ import numpy as np
 import onnxruntime as ort
 
 from legion.sim2real.deploy.contract import (
+    Camera,
     ContractError,
+    ImageInput,
     Observation,
     PolicyContract,
     TaskSpace,
@@ -371,6 +378,8 @@ class OnnxPolicy:
         self.obs_dim = self.session.get_inputs()[0].shape[-1]
         self.num_actions = self.session.get_outputs()[0].shape[-1]
         self.recurrent = self.metadata.onnx.recurrent
+        self.image_names = [image.group for image in self.metadata.observation.images]  # inputs after obs
+        self.state_names = self.input_names[1 + len(self.image_names):]  # then the recurrent state
         self._check_consistency()
         if sidecar is not None:
             self._check_agrees_with(sidecar, sidecar_path)
@@ -406,11 +415,18 @@ class OnnxPolicy:
             raise PolicyLoadError(f"{where}: {joints} joint names but per-joint lists of lengths {lengths} and "
                                   f"{self.num_actions} actions where the action ({meta.action.type} of "
                                   f"{len(meta.action.joint_ids)} joints) takes {actions}. Re-export.")
-        expected_inputs = ["obs"] + (["h_in", "c_in"] if self.recurrent and self.recurrent.type == "lstm"
-                                     else ["h_in"] if self.recurrent else [])
+        states = [] if not self.recurrent else ["h_in", "c_in"] if self.recurrent.type == "lstm" else ["h_in"]
+        expected_inputs = ["obs"] + self.image_names + states
         if self.input_names != expected_inputs:
             raise PolicyLoadError(f"{where}: model inputs {self.input_names}, metadata implies {expected_inputs}. "
                                   "Re-export.")
+        shapes = {i.name: list(i.shape[1:]) for i in self.session.get_inputs()}
+        for image in meta.observation.images:
+            cameras = [t.params.get("camera") for t in image.terms]
+            if shapes[image.group] != list(image.shape) or any(c not in meta.cameras for c in cameras):
+                raise PolicyLoadError(f"{where}: image input '{image.group}' takes {shapes[image.group]} from cameras "
+                                      f"{cameras}; the metadata says {image.shape} and has cameras "
+                                      f"{sorted(meta.cameras)}. Re-export.")
         types = {t.name: t.type for t in (*self.session.get_inputs(), *self.session.get_outputs())}
         if any(t != "tensor(float)" for t in types.values()):
             raise PolicyLoadError(f"{where}: model inputs and outputs of types {types}; a legion policy takes and "
@@ -421,13 +437,17 @@ class OnnxPolicy:
         if not self.recurrent:
             return []
         shape = (self.recurrent.num_layers, batch, self.recurrent.hidden_size)
-        return [np.zeros(shape, np.float32) for _ in self.input_names[1:]]
+        return [np.zeros(shape, np.float32) for _ in self.state_names]
 
-    def __call__(self, obs: np.ndarray, state: list[np.ndarray] | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Actions (B, num_actions) and the next recurrent state for observations (B, obs_dim)."""
+    def __call__(self, obs: np.ndarray, state: list[np.ndarray] | None = None,
+                 images: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Actions (B, num_actions) and the next recurrent state for observations (B, obs_dim) and,
+        for a policy that sees, its image groups (name -> (B, C, H, W), :meth:`ObservationTerms.images`)."""
         feeds = {"obs": np.ascontiguousarray(obs, dtype=np.float32)}
+        for name in self.image_names:
+            feeds[name] = np.ascontiguousarray((images or {})[name], dtype=np.float32)
         state = self.initial_state(feeds["obs"].shape[0]) if state is None else state
-        feeds.update(zip(self.input_names[1:], state))
+        feeds.update(zip(self.state_names, state))
         # Dense float32 tensors: the outputs' types are checked at load (_check_consistency).
         outputs = cast(list[np.ndarray], self.session.run(None, feeds))
         return outputs[0], outputs[1:]
@@ -453,7 +473,8 @@ class ObservationTerms:
 
     def __init__(self, observation: Observation, joint_names: list[str], default_joint_pos: Sequence[float], *,
                  base_com: Sequence[float] = (0.0, 0.0, 0.0), quat_reference: Sequence[float] | None = None,
-                 task_space: TaskSpace | None = None, where: str | Path = "policy.json"):
+                 task_space: TaskSpace | None = None, cameras: dict[str, Camera] | None = None,
+                 where: str | Path = "policy.json"):
         self.joint_names = joint_names
         self.default_joint_pos = np.asarray(default_joint_pos, np.float32)
         self.base_com = np.asarray(base_com, np.float32)
@@ -490,7 +511,14 @@ class ObservationTerms:
         self.clipped = bool(np.isfinite(self.high).any())
         self.state_keys = sorted({k for t in terms for k in OBSERVATION_TERMS[t.func].reads})
         lengths = {"J": len(self.joint_names), "P": next((t.size for t in terms if t.func == "height_scan"), 0)}
-        self.state_shapes = [(k, (lengths.get(STATE_LENGTHS[k], STATE_LENGTHS[k]),)) for k in self.state_keys]
+        self.state_shapes: list[tuple[str, tuple]] = [(k, (lengths.get(STATE_LENGTHS[k], STATE_LENGTHS[k]),))
+                                                      for k in self.state_keys]
+        self.image_inputs = [_ImageGroup(image, cameras or {}, where) for image in observation.images]
+        self.state_kinds = {k: "iuf" for k in self.state_keys}  # numpy dtype kinds each field may have
+        for image in self.image_inputs:
+            self.state_keys = sorted({*self.state_keys, *image.keys})
+            self.state_shapes += list(image.keys.items())
+            self.state_kinds |= image.kinds
 
     @classmethod
     def of(cls, contract: PolicyContract, where: str | Path = "policy.json",
@@ -500,15 +528,16 @@ class ObservationTerms:
         command = contract.command
         return cls(observation or contract.observation, contract.joint_names, contract.default_joint_pos,
                    base_com=contract.base_com, quat_reference=command.quat_reference if command else None,
-                   task_space=contract.action.task_space, where=where)
+                   task_space=contract.action.task_space, cameras=contract.cameras, where=where)
 
     def check_state(self, state: dict) -> None:
         """Raises :class:`StateError` unless every field the policy reads is in ``state``, numeric
         and of its shape (see the module docstring); other keys are not looked at."""
+        kinds = self.state_kinds
         for key, shape in self.state_shapes:
             value = state.get(key)
             # The common case, numeric arrays of the right shape, costs one comparison per field.
-            if not isinstance(value, np.ndarray) or value.shape != shape or value.dtype.kind not in "iuf":
+            if not isinstance(value, np.ndarray) or value.shape != shape or value.dtype.kind not in kinds[key]:
                 self._refuse_field(state, key, shape)
 
     def _refuse_field(self, state: dict, key: str, shape: tuple) -> None:
@@ -522,13 +551,24 @@ class ObservationTerms:
         except (TypeError, ValueError) as e:  # e.g. a ragged list
             raise StateError(f"robot state '{key}' is not an array of numbers ({e}); the policy expects shape "
                              f"{shape}") from None
-        if value.shape != shape or value.dtype.kind not in "iuf":
+        if value.shape != shape or value.dtype.kind not in self.state_kinds[key]:
             orders = {"J": ", one per joint in the order of policy.json's joint_names",
                       "P": ", one per point in the order of policy.json's height_scan.points"}
-            order = orders.get(STATE_LENGTHS[key], "")
+            order = orders.get(STATE_LENGTHS.get(key, ""), "")
+            if "/" in key:  # an image: <camera>/depth or <camera>/rgb
+                camera, kind = key.split("/")
+                order = f" ({kind} of camera '{camera}' as policy.json's cameras.{camera} says: {kind} "
+                order += "(H, W) float32 [m])" if kind == "depth" else "(H, W, 3) uint8)"
             raise StateError(f"robot state '{key}' has shape {value.shape} and dtype {value.dtype}; the policy "
                              f"expects shape {shape} numbers{order} (see sim2real/deploy/policy.py for units "
                              "and frames)")
+
+    def images(self, state: dict) -> dict[str, np.ndarray]:
+        """The policy's image groups, name -> (C, H, W) float32, from the state's camera images
+        (``<camera>/depth``, ``<camera>/rgb``) as training built them: depth with no return (0,
+        NaN, or outside the camera's [near, far]) read as far; colour in [0, 1]; each term
+        clipped, then scaled. Call :meth:`check_state` first (:meth:`observation` does)."""
+        return {image.group: image(state) for image in self.image_inputs}
 
     def canonical_pose(self, pose: np.ndarray) -> np.ndarray:
         """A pose command (x, y, z, qx, qy, qz, qw) with the quaternion's sign as in training (policies
@@ -564,6 +604,55 @@ class ObservationTerms:
             np.maximum(obs, self.low, out=obs)
         obs *= self.scale
         return obs
+
+
+def _depth_image(image: np.ndarray, camera: Camera) -> np.ndarray:
+    depth = np.asarray(image, np.float32)
+    with np.errstate(invalid="ignore"):  # NaN: no return
+        valid = (depth >= camera.near) & (depth <= camera.far)
+    return np.where(valid, depth, np.float32(camera.far))[None]
+
+
+def _rgb_image(image: np.ndarray, camera: Camera) -> np.ndarray:
+    return np.asarray(image, np.float32).transpose(2, 0, 1) / np.float32(255.0)
+
+
+# The image terms' edge versions: (the state key's suffix, its shape after (H, W), its numpy dtype
+# kinds, the function (image, camera) -> (C, H, W) float32)
+IMAGE_TERMS: dict[str, tuple[str, tuple[int, ...], str, Callable[[np.ndarray, Camera], np.ndarray]]] = {
+    "depth_image": ("depth", (), "f", _depth_image),
+    "rgb_image": ("rgb", (3,), "u", _rgb_image),
+}
+
+
+class _ImageGroup:
+    """One image input (:class:`~legion.sim2real.deploy.contract.ImageInput`) built from camera images."""
+
+    def __init__(self, image: ImageInput, cameras: dict[str, Camera], where):
+        self.group, self.shape = image.group, tuple(image.shape)
+        self.keys: dict[str, tuple[int, ...]] = {}
+        self.kinds: dict[str, str] = {}
+        self.terms = []  # (state key, function, camera, clip, scale)
+        for term in image.terms:
+            if term.func not in IMAGE_TERMS:
+                raise PolicyLoadError(f"{where}: image term '{term.name}' (function {term.func}) has no edge-runtime "
+                                      f"version; known: {sorted(IMAGE_TERMS)}.")
+            name = str(term.params.get("camera"))
+            camera = cameras.get(name)
+            if camera is None:
+                raise PolicyLoadError(f"{where}: image term '{term.name}' reads camera '{name}', which the "
+                                      f"metadata's cameras ({sorted(cameras)}) lack. Re-export.")
+            suffix, trailing, kinds, func = IMAGE_TERMS[term.func]
+            key = f"{name}/{suffix}"
+            self.keys[key], self.kinds[key] = (camera.height, camera.width, *trailing), kinds
+            clip = np.inf if term.clip is None else term.clip
+            scale = np.asarray(term.scale, np.float32).reshape(-1, 1, 1)
+            self.terms.append((key, func, camera, clip, scale))
+
+    def __call__(self, state: dict) -> np.ndarray:
+        parts = [np.clip(func(state[key], camera), -clip, clip) * scale
+                 for key, func, camera, clip, scale in self.terms]
+        return np.concatenate(parts).astype(np.float32, copy=False)
 
 
 def _joint_subset(whole: Callable[..., Any], ids: np.ndarray) -> Callable[..., np.ndarray]:
@@ -649,7 +738,8 @@ class PolicyRunner:
         previous action and recurrent state), :class:`StateError` for a state it cannot read.
         """
         obs = self.terms.observation(state, command, self.last_action)
-        actions, hidden = self.policy(obs[None], self.hidden)
+        images = {name: image[None] for name, image in self.terms.images(state).items()}
+        actions, hidden = self.policy(obs[None], self.hidden, images)
         action = actions[0]
         if self.action_clip:
             action = np.clip(action, -self.action_clip, self.action_clip)
