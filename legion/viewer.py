@@ -72,6 +72,12 @@ class WebViewer:
         self.viewer.set_reset_callback(self._reset_followed)  # its "Reset" button: the followed env
         if controls:
             self._add_controls(reload)
+        self._views = {}  # the scene's cameras: what each sees in the followed env
+        cameras = env.sim.cameras
+        if cameras is not None:
+            with self.server.gui.add_folder("Cameras", order=1.0):
+                self._views = {name: self.server.gui.add_image(self._picture(name), label=name, format="png")
+                               for name in cameras.cfgs}
         self.server.on_client_connect(lambda client: self._aim(client, snap=True))
 
     # --- the panel --------------------------------------------------------------------------------
@@ -214,6 +220,17 @@ class WebViewer:
         self.viewer.begin_frame(self.time)
         self.viewer.log_state(self.env.sim.state)
         self.viewer.end_frame()
+        for name, view in self._views.items():
+            view.image = self._picture(name)
+
+    def _picture(self, name: str) -> np.ndarray:
+        """What camera ``name`` sees in the followed env (:func:`~legion.tasks.sim.camera.picture`)."""
+        from legion.tasks.sim.camera import picture
+
+        cameras = self.env.sim.cameras
+        assert cameras is not None
+        image = cameras.rgb(name) if "rgb" in cameras.cfgs[name].channels else cameras.depth(name)
+        return picture(image[self.follow]).cpu().numpy()
 
     def pace(self, dt: float) -> None:
         """Sleeps so that frames ``dt`` of simulated time apart are shown at the chosen speed."""

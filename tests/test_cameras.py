@@ -245,3 +245,70 @@ def test_camera_randomization_draws_per_world_and_corrupts_the_depth_as_configur
     assert 0.5 <= gain.min() and gain.max() <= 1.5 and gain.std() > 0.2
     unlit = cameras.rgb("front").permute(0, 3, 1, 2) / 255.0
     assert torch.allclose((unlit * gain[:, :, None, None]).clamp(max=1.0), obs[:, 1:])
+
+
+def test_videos_show_what_each_camera_sees_beside_the_scene():
+    import numpy as np
+
+    from legion.sim2real.trajectories.media import RenderingUnavailable, SceneRenderer
+
+    try:
+        renderer = SceneRenderer(compose("task=arm_lift_camera"), 96, 128)
+    except RenderingUnavailable as e:
+        pytest.skip(f"no offscreen OpenGL here: {e}")
+    joints = renderer.joint_names
+    state = {"robot/joint_pos": np.zeros(len(joints)), "cube/root_pose_w": np.array([0.5, 0.1, 0.025, 0, 0, 0, 1.0])}
+    away = renderer.render(state, joints)
+    state["cube/root_pose_w"] = np.array([0.5, -0.1, 0.025, 0, 0, 0, 1.0])
+    moved = renderer.render(state, joints)
+    renderer.close()
+    assert away.shape == (96, 192, 3)  # the scene, then a column half as wide for the overhead camera
+    panel = away[:, 128:].astype(float)
+    assert panel.std() > 10  # the table, the cube: not blank
+    assert np.abs(moved[:, 128:].astype(float) - panel).mean() > 0.5  # the camera sees the cube move
+
+
+@pytest.mark.skipif(__import__("browser").CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
+def test_the_web_viewer_shows_what_the_camera_sees_in_chromium():
+    import threading
+    import time
+
+    import numpy as np
+    from browser import Browser
+
+    from legion.viewer import WebViewer
+
+    env = make_env("task=quadruped_flat", "sim.num_envs=2", WALL, FRONT)
+    view, stop = WebViewer(env, port=0), threading.Event()
+
+    def loop():  # the robot falls from its standing pose: what its camera sees changes
+        with torch.inference_mode():
+            while not stop.is_set():
+                env.step(torch.zeros(env.num_envs, env.num_actions).uniform_(-1, 1))
+                view.show(env.step_dt)
+                time.sleep(0.05)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    # The page's 16x12 images (the camera's), their pixels read back through a canvas
+    images = ("Array.from(document.querySelectorAll('img')).filter(i => i.naturalWidth == 16 && i.naturalHeight == 12)"
+              ".map(i => { const c = document.createElement('canvas'); c.width = 16; c.height = 12;"
+              " const g = c.getContext('2d'); g.drawImage(i, 0, 0);"
+              " return Array.from(g.getImageData(0, 0, 16, 12).data); })")
+    try:
+        with Browser() as browser:
+            browser.open(view.url, settle=8)
+            first = browser.evaluate(images)
+            browser.wait(2)
+            second = browser.evaluate(images)
+            errors = list(browser.errors)
+    finally:
+        stop.set()
+        thread.join(10)
+        view.close()
+    assert not errors, errors
+    assert len(first) == 1 and len(second) == 1, "no 16x12 image of camera 'front' in the page"
+    pixels = np.array(first[0], float).reshape(12, 16, 4)[..., :3]
+    assert pixels.std() > 20  # the wall, the sky (black): not blank
+    assert np.abs(np.array(second[0], float).reshape(12, 16, 4)[..., :3] - pixels).mean() > 1, \
+        "the camera's image did not change in 2 s"

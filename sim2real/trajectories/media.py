@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import torch
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
@@ -33,6 +34,7 @@ from mujoco import (  # noqa: E402
 )
 
 from legion.sim2real.deploy.policy import quat_rotate_inverse  # noqa: E402
+from legion.tasks.sim.camera import picture  # noqa: E402
 
 SHAPES = {"box": mjtGeom.mjGEOM_BOX, "sphere": mjtGeom.mjGEOM_SPHERE,
           "capsule": mjtGeom.mjGEOM_CAPSULE, "cylinder": mjtGeom.mjGEOM_CYLINDER}
@@ -165,6 +167,13 @@ class SceneRenderer:
         self.camera.type = mjtCamera.mjCAMERA_FREE
         self.camera.distance = float(np.clip(1.8 * model.stat.extent, 1.0, 8.0))
         self.camera.elevation, self.camera.azimuth = -20.0, 135.0
+        # The scene's own cameras (task.scene.cameras): what each sees, drawn beside the scene
+        from legion.sim2real.deploy.mujoco_robot import MuJoCoCamera
+        from legion.sim2real.export import camera_contract
+
+        self.views = [MuJoCoCamera(model, name, camera_contract(cam, cfg.sim.dt * cfg.sim.decimation),
+                                   ["rgb" if "rgb" in cam.channels else "depth"], name)
+                      for name, cam in scene.cameras.items()]
 
     def set_state(self, state: dict[str, np.ndarray], joint_names: list[str]) -> None:
         """Poses the scene: ``state`` maps ``"<entity>/<view>"`` to one step's values; the robot's
@@ -184,10 +193,24 @@ class SceneRenderer:
         self.camera.lookat[:] = (corners.min(0) + corners.max(0)) / 2
 
     def render(self, state: dict[str, np.ndarray], joint_names: list[str]) -> np.ndarray:
-        """(height, width, 3) uint8 RGB of the scene in ``state``."""
+        """(height, width, 3) uint8 RGB of the scene in ``state``; with scene cameras, (height,
+        width * 3 / 2, 3): what each camera sees in a column on the right (depth: the nearest return
+        white, the farthest dark grey, no return black), one above the other."""
         self.set_state(state, joint_names)
         self.renderer.update_scene(self.data, self.camera)
-        return self.renderer.render()
+        image = self.renderer.render()
+        if not self.views:
+            return image
+        height, width = image.shape[:2]
+        column = np.zeros((height, width // 2, 3), np.uint8)
+        cell = height // len(self.views)
+        for k, view in enumerate(self.views):
+            (seen,) = view.render(self.data).values()
+            seen = picture(torch.from_numpy(seen)).numpy()
+            zoom = max(1, min(cell // seen.shape[0], (width // 2) // seen.shape[1]))
+            seen = seen.repeat(zoom, 0).repeat(zoom, 1)[:cell, : width // 2]
+            column[k * cell: k * cell + seen.shape[0], : seen.shape[1]] = seen
+        return np.concatenate([image, column], axis=1)
 
     def robot_fraction(self, state: dict[str, np.ndarray], joint_names: list[str]) -> float:
         """The share of the image's pixels that show the robot (a segmentation render)."""
@@ -203,6 +226,8 @@ class SceneRenderer:
 
     def close(self) -> None:
         self.renderer.close()
+        for view in self.views:
+            view.close()
 
 
 def write_video(renderer: SceneRenderer, states, path: Path, fps: float, joint_names: list[str],

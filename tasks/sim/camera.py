@@ -71,6 +71,17 @@ def scene_camera(env, camera: str):
     return cameras
 
 
+def picture(image: torch.Tensor) -> torch.Tensor:
+    """One world's image to look at, (H, W, 3) uint8: RGB as it is; depth (H, W) grey, its nearest
+    return white, its farthest dark grey, no return black."""
+    if image.dim() == 3:
+        return image
+    returns = image[image > 0]
+    near, far = (returns.min(), returns.max()) if returns.numel() else (0.0, 1.0)
+    grey = torch.where(image > 0, 64 + 191 * (far - image) / max(float(far - near), 1e-6), 0.0)
+    return grey.to(torch.uint8)[..., None].expand(*image.shape, 3)
+
+
 def _free_memory(device: str) -> int:
     if torch.device(device).type == "cuda":
         return torch.cuda.mem_get_info(torch.device(device))[0]
