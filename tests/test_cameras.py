@@ -246,6 +246,14 @@ def test_camera_randomization_draws_per_world_and_corrupts_the_depth_as_configur
     unlit = cameras.rgb("front").permute(0, 3, 1, 2) / 255.0
     assert torch.allclose((unlit * gain[:, :, None, None]).clamp(max=1.0), obs[:, 1:])
 
+    # A checkpoint carries what was drawn and rendered: a fresh env restored from it sees what this one sees.
+    resumed = make_env("task=quadruped_flat", "sim.num_envs=64", WALL, cam, images, "seed=1")
+    resumed.sim.load_state_dict(env.sim.state_dict())
+    for view in ("mount_pos", "mount_quat"):
+        assert torch.equal(getattr(resumed.sim.cameras, view)["front"], getattr(cameras, view)["front"])
+    assert torch.equal(resumed.sim.cameras.noise["front"]["gain"], gain)
+    assert torch.equal(resumed.sim.cameras.depth("front"), cameras.depth("front"))
+
 
 def test_videos_show_what_each_camera_sees_beside_the_scene():
     import numpy as np

@@ -82,6 +82,10 @@ def robot_states(env, metadata: PolicyContract) -> list[dict]:
         relative = views[f"{objects[0]}/root_pose_w"][:, :3] - position
         for i, state in enumerate(states):
             state["object_pos"] = quat_rotate_inverse(quat[i], relative[i])
+    for name in metadata.cameras:  # what the camera's driver reports (depth: 0 for no return)
+        depth = env.sim.cameras.depth(name).numpy()
+        for i, state in enumerate(states):
+            state[f"{name}/depth"] = depth[i]
     return states
 
 
@@ -110,8 +114,9 @@ def test_the_edge_runtime_observes_what_the_env_observes_term_by_term(exported):
     assert not env.noise_enabled
     # The exported policy's groups as the robot reads them; every other group as if a policy read it.
     layouts = {"+".join(metadata.observation.groups): metadata.observation}
+    images = {image.group for image in metadata.observation.images}  # compared as images, below
     for group, terms in env.observation_layout().items():
-        if group not in metadata.observation.groups:
+        if group not in metadata.observation.groups and group not in images:
             layouts[group] = Observation(groups=[group], size=sum(t["size"] for t in terms), terms=[
                 ObservationTerm(**{**t, "group": group}) for t in terms], images=[])
     runtimes = {name: ObservationTerms.of(metadata, observation=layout) for name, layout in layouts.items()}
@@ -128,6 +133,12 @@ def test_the_edge_runtime_observes_what_the_env_observes_term_by_term(exported):
                                    else actions.numpy()).astype(np.float32)
             commands = env.command.value.numpy() if env.command is not None else [None] * env.num_envs
             for i, state in enumerate(robot_states(env, metadata)):
+                for group, image in runtimes["+".join(metadata.observation.groups)].images(state).items():
+                    key = (group, "image", "depth_image")
+                    difference = np.abs(image - obs[group][i].numpy())
+                    largest[key] = max(largest.get(key, 0.0), float(np.abs(image).max()))
+                    if not difference.max() <= TOLERANCE:
+                        errors[key] = f"{task}: image group {group}: |runtime - env| {difference.max():.3g}"
                 for name, runtime in runtimes.items():
                     got = runtime.observation(state, commands[i], last_action[i])
                     expected = torch.cat([obs[g][i] for g in layouts[name].groups]).numpy()

@@ -98,15 +98,17 @@ def last_action(env) -> torch.Tensor:
 
 def depth_image(env, camera: str) -> torch.Tensor:
     """(num_envs, 1, height, width) [m] the camera's planar depth (task.scene.cameras), with the
-    world's randomized sensor error (events ``depth_noise``, ``depth_holes``: fresh at every
-    read), a pixel with no return (nothing within [near, far], or a hole) read as ``far``."""
+    world's randomized sensor error (events ``depth_noise``, ``depth_holes``: fresh at every read,
+    while the env's observation noise is on), a pixel with no return (nothing within [near, far],
+    or a hole) read as ``far``."""
     cameras = scene_camera(env, camera)
     depth, noise = cameras.depth(camera), cameras.noise[camera]
-    if env.any_world(noise["depth_noise"] > 0):  # a stereo camera's error: proportional to depth^2
+    noisy = env.noise_enabled
+    if noisy and env.any_world(noise["depth_noise"] > 0):  # a stereo camera's error: proportional to depth^2
         sigma = noise["depth_noise"][:, None, None] * depth.square()
         depth = torch.where(depth > 0, depth + sigma * torch.randn(depth.shape, device=depth.device,
                                                                    generator=env.generator), 0.0)
-    if env.any_world(noise["holes"] > 0):
+    if noisy and env.any_world(noise["holes"] > 0):
         holes = torch.rand(depth.shape, device=depth.device, generator=env.generator) < noise["holes"][:, None, None]
         depth = depth.masked_fill(holes, 0.0)
     return torch.where(depth > 0, depth, cameras.cfgs[camera].far).unsqueeze(1)

@@ -129,13 +129,14 @@ class Cameras:
                                 "gain": torch.ones(n, 3, device=device)}
             self._rays[name] = SensorCamera.compute_camera_rays_pinhole(
                 cam.width, cam.height, camera_fov=math.radians(cam.fov), device=device)
-            self._images[name] = {"depth": self.sensor.allocate_image_depth_forward(n, cam.width, cam.height),
-                                  "rgb": self.sensor.allocate_image_color(n, cam.width, cam.height)}
+            allocate = {"depth": self.sensor.allocate_image_depth_forward, "rgb": self.sensor.allocate_image_color}
+            self._images[name] = {c: allocate[c](n, cam.width, cam.height) for c in cam.channels}
             self._due[name] = torch.ones(n, dtype=torch.bool, device=device)
         self.mount_defaults = {name: (self.mount_pos[name].clone(), self.mount_quat[name].clone())
                                for name in self.cfgs}
         self._gl = torch.tensor(GL_IN_CAMERA, device=device)
-        self._steps, self._refitted = 0, -1
+        self._steps = torch.zeros((), dtype=torch.long)  # control steps so far (on the host: read freely)
+        self._refitted = -1
         self._poses = wp.zeros(n, dtype=wp.transformf, device=device)
         self._poses_t = wp.to_torch(self._poses)  # (n, 7): position, quaternion (x, y, z, w)
         self._world = torch.arange(n, dtype=torch.int32, device=device)
@@ -148,8 +149,9 @@ class Cameras:
     def tick(self) -> None:
         """After a control step: the cameras whose period came round are due in every world."""
         self._steps += 1
+        steps = int(self._steps)
         for name, cam in self.cfgs.items():
-            if self._steps % cam.period == 0:
+            if steps % cam.period == 0:
                 self._due[name].fill_(True)
 
     def reset(self, worlds: torch.Tensor) -> None:
@@ -170,13 +172,31 @@ class Cameras:
 
     def depth(self, name: str) -> torch.Tensor:
         """(num_envs, height, width) float32 planar depth [m]; 0 where nothing is within [near, far]."""
-        self._render(name)
-        return wp.to_torch(self._images[name]["depth"])
+        return wp.to_torch(self._rendered(name, "depth"))
 
     def rgb(self, name: str) -> torch.Tensor:
         """(num_envs, height, width, 3) uint8 sRGB."""
+        return wp.to_torch(self._rendered(name, "rgb")).view(torch.uint8).unflatten(-1, (-1, 4))[..., :3]
+
+    def state_views(self) -> dict[str, torch.Tensor]:
+        """What the cameras carry from step to step, as live views (a checkpoint's part of
+        :meth:`NewtonSim.state_dict`): the drawn mounts and sensor errors, which worlds are due, the
+        frames (a period > 1 shows the last one), and the step count."""
+        views: dict[str, torch.Tensor] = {"cameras.steps": self._steps}
+        for name in self.cfgs:
+            views |= {f"cameras.{name}.mount_pos": self.mount_pos[name], f"cameras.{name}.mount_quat":
+                      self.mount_quat[name], f"cameras.{name}.due": self._due[name]}
+            views |= {f"cameras.{name}.{k}": v for k, v in self.noise[name].items()}
+            views |= {f"cameras.{name}.{c}": wp.to_torch(image) for c, image in self._images[name].items()}
+        return views
+
+    def _rendered(self, name: str, channel: str) -> wp.array:
+        images = self._images[name]
+        if channel not in images:
+            raise ValueError(f"camera '{name}' renders no {channel}: add it to task.scene.cameras.{name}.channels "
+                             f"(now {list(self.cfgs[name].channels)}).")
         self._render(name)
-        return wp.to_torch(self._images[name]["rgb"]).view(torch.uint8).unflatten(-1, (-1, 4))[..., :3]
+        return images[channel]
 
     def _render(self, name: str) -> None:
         due = self._due[name]
@@ -185,9 +205,8 @@ class Cameras:
         cam, images = self.cfgs[name], self._images[name]
         self._poses_t.copy_(self.pose(name))
         torch.where(due, self._world, self._skip, out=wp.to_torch(self._world_indices))
-        channels = {"forward_depth_image": images["depth"]} if "depth" in cam.channels else {}
-        if "rgb" in cam.channels:
-            channels["color_image"] = images["rgb"]
+        outputs = {"depth": "forward_depth_image", "rgb": "color_image"}
+        channels = {outputs[c]: image for c, image in images.items()}
         with self._lock:
             version = self.sim.body_q._version
             if version != self._refitted:  # the shapes' bounds, once per new state for every camera
@@ -195,7 +214,7 @@ class Cameras:
                 self._refitted = version
             self.sensor.update(self.sim.state, self._poses, self._rays[name], world_indices=self._world_indices,
                                **channels)
-        if "depth" in cam.channels:
+        if "depth" in images:
             depth = wp.to_torch(images["depth"])
             depth.masked_fill_((depth < cam.near) | (depth > cam.far), 0.0)  # no return, as a depth camera
         due.fill_(False)

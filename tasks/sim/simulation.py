@@ -382,9 +382,10 @@ class NewtonSim:
     def state_dict(self) -> dict:
         """What a step reads that earlier steps wrote, as copies: every world's joint and body state,
         controls and contact forces, per-env physical parameters and default root poses (events
-        and the curriculum write them), the solver's own carried state (MuJoCo's warm start) and
-        the motors' delay histories. Restored by :meth:`load_state_dict`, the worlds go on exactly
-        as they would have (a run resumed bit for bit)."""
+        and the curriculum write them), the solver's own carried state (MuJoCo's warm start), the
+        motors' delay histories and the cameras' (:meth:`Cameras.state_views`). Restored by
+        :meth:`load_state_dict`, the worlds go on exactly as they would have (a run resumed bit for
+        bit)."""
         return {name: view.clone() for name, view in self._state_views().items()}
 
     @_one_thread_at_a_time
@@ -406,6 +407,8 @@ class NewtonSim:
         views |= {f"{name}.default_root_pose": e.default_root_pose for name, e in self.scene.items()
                   if getattr(e, "default_root_pose", None) is not None}
         views |= {f"motors.{i}": wp.to_torch(a) for i, a in enumerate(self._motor_arrays())}
+        if self.cameras is not None:
+            views |= self.cameras.state_views()
         return views | self.solver.state_views()
 
     def _motor_arrays(self) -> list[wp.array]:
