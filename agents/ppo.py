@@ -23,7 +23,7 @@ import torch
 from rsl_rl.algorithms import PPO
 from rsl_rl.env import VecEnv
 from rsl_rl.models import CNNModel, MLPModel, RNNModel
-from rsl_rl.modules import MLP
+from rsl_rl.modules import MLP, EmpiricalNormalization
 from rsl_rl.storage import RolloutStorage
 from tensordict import TensorDict
 
@@ -53,7 +53,7 @@ def _build_model(obs: TensorDict, obs_set: str, output_dim: int, network: Networ
         if rnn.type is not None or (estimator is not None and estimator.target is not None):
             raise ValueError(f"agent.{obs_set}: it reads images ({', '.join(images)}), which a feed-forward network "
                              f"without an estimator takes (agent.{obs_set}.rnn.type=null, estimator.target=null).")
-        return CNNModel(obs, obs_groups_for(obs), obs_set, output_dim, **cfg, **kwargs, cnn_cfg=asdict(network.cnn))
+        return ImageModel(obs, obs_groups_for(obs), obs_set, output_dim, **cfg, **kwargs, cnn_cfg=asdict(network.cnn))
     if estimator is not None and estimator.target is not None:
         if estimator.target not in obs.keys():
             groups = ", ".join(map(str, obs.keys()))
@@ -82,6 +82,52 @@ def _build_actor(obs: TensorDict, num_actions: int, cfg: Agent) -> MLPModel:
 def _build_critic(obs: TensorDict, cfg: Agent) -> MLPModel:
     """The critic, sized from the observations (built after the actor: the RNG draws its weights in that order)."""
     return _build_model(obs, "critic", 1, cfg.critic)
+
+
+class ImageModel(CNNModel):
+    """rsl-rl's CNNModel whose image groups are normalized as its vectors are: each CNN reads its
+    image through an :class:`ImageNormalizer` (with ``obs_normalization``). Without it a depth
+    image, ~1.2 m everywhere with a 5 cm cube on it, taught a CNN nothing in 2,000 steps (the cube's
+    position regressed to 12 cm, its spread); normalized, 1.7 cm."""
+
+    def __init__(self, obs: TensorDict, obs_groups: dict, obs_set: str, output_dim: int, **kwargs):
+        super().__init__(obs, obs_groups, obs_set, output_dim, **kwargs)
+        for group, channels in zip(self.obs_groups_2d, self.obs_channels_2d):
+            self.cnns[group] = _NormalizedCNN(ImageNormalizer(channels), self.cnns[group])
+
+    def update_normalization(self, obs: TensorDict) -> None:
+        super().update_normalization(obs)
+        if self.obs_normalization:
+            for group in self.obs_groups_2d:
+                cast(_NormalizedCNN, self.cnns[group]).normalizer.update(obs[group])
+
+
+class ImageNormalizer(torch.nn.Module):
+    """Per channel, the running mean and standard deviation of an image group's pixels (rsl-rl's
+    EmpiricalNormalization over every pixel of every image): (x - mean) / (std + eps)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.stats = EmpiricalNormalization([channels])
+
+    def update(self, images: torch.Tensor) -> None:
+        self.stats.update(images.float().movedim(1, -1).reshape(-1, images.shape[1]))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        mean, std = (v.view(1, -1, 1, 1) for v in (self.stats._mean, self.stats._std))
+        return (images - mean) / (std + self.stats.eps)
+
+
+class _NormalizedCNN(torch.nn.Module):
+    """A CNN behind its :class:`ImageNormalizer` (exported with it: rsl-rl's ONNX wrapper copies it)."""
+
+    def __init__(self, normalizer: ImageNormalizer, cnn: torch.nn.Module):
+        super().__init__()
+        self.normalizer, self.cnn = normalizer, cnn
+        self.output_dim, self.output_channels = cnn.output_dim, cnn.output_channels
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.cnn(self.normalizer(images))
 
 
 class EstimatorModel(MLPModel):

@@ -160,7 +160,7 @@ def test_a_pixel_policy_trains_exports_and_runs_in_the_edge_runtime_as_in_traini
     assert code == 0, err[-2000:]
     run = next((tmp_path / "runs" / "quadruped_flat").iterdir())
     actor = torch.load(next(run.glob("model_*.pt")), weights_only=False)["policy"]["actor_state_dict"]
-    assert actor["cnns.policy_depth.0.weight"].shape == (16, 1, 5, 5)  # one depth channel into the first conv
+    assert actor["cnns.policy_depth.cnn.0.weight"].shape == (16, 1, 5, 5)  # one depth channel into the first conv
     code, out, err = legion_in_process("export", f"run={run}")
     assert code == 0, err[-2000:]
 
