@@ -270,10 +270,11 @@ def test_videos_show_what_each_camera_sees_beside_the_scene():
     state["cube/root_pose_w"] = np.array([0.5, -0.1, 0.025, 0, 0, 0, 1.0])
     moved = renderer.render(state, joints)
     renderer.close()
-    assert away.shape == (96, 192, 3)  # the scene, then a column half as wide for the overhead camera
+    assert away.shape == (96, 192, 3)  # the scene, then a column half as wide for the task's camera
     panel = away[:, 128:].astype(float)
     assert panel.std() > 10  # the table, the cube: not blank
-    assert np.abs(moved[:, 128:].astype(float) - panel).mean() > 0.5  # the camera sees the cube move
+    changed = (np.abs(moved[:, 128:].astype(float) - panel).sum(-1) > 10).sum()
+    assert changed >= 8, changed  # the camera sees the cube move (a 5 cm cube: about 4x4 of its 48x48 pixels)
 
 
 @pytest.mark.skipif(__import__("browser").CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")
