@@ -6,7 +6,7 @@ observation group of the policy, so every step renders a frame per world. Per nu
 camera (off; depth or RGB at each resolution; depth every ``--period`` steps): env-steps/s of
 LegionEnv.step with random actions, frames/s, and the env step's time over the camera-off one.
 
-    python bench/cameras.py [--num-envs 64 256 1024] [--steps 20] [--sizes 64 128] [--period 4]
+    python bench/cameras.py [--num-envs 64 256 1024] [--steps 20] [--sizes 64 128] [--period 4] [--device cuda:0]
 """
 
 import argparse
@@ -26,21 +26,24 @@ class Camera(NamedTuple):
     period: int  # control steps per frame
 
 
-def step_rate(num_envs: int, steps: int, camera: Camera | None) -> float:
+def step_rate(num_envs: int, steps: int, camera: Camera | None, device: str) -> float:
     """Env-steps/s of ``steps`` control steps, after two warm-up ones (kernels loaded, first frame)."""
-    overrides = [*TASK, f"sim.num_envs={num_envs}", "device=cpu"]
+    overrides = [*TASK, f"sim.num_envs={num_envs}", f"device={device}"]
     if camera is not None:
         overrides += [f"+task.scene.cameras.front={CAMERA.format(**camera._asdict())}",
                       f"+task.observations.policy_camera={{image: {{func: {TERMS[camera.channel]}, "
                       "params: {camera: front}}}"]
     env = make_env(compose(*overrides))
-    actions = torch.zeros(num_envs, env.num_actions)
+    actions = torch.zeros(num_envs, env.num_actions, device=device)
     with torch.inference_mode():
         for _ in range(2):
             env.step(actions)
+        synchronize = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
+        synchronize()
         start = time.perf_counter()
         for _ in range(steps):
             env.step(actions.uniform_(-1, 1))
+        synchronize()
         return num_envs * steps / (time.perf_counter() - start)
 
 
@@ -50,6 +53,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--period", type=int, default=4, help="the depth camera's period in the 'every N' rows")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
     args = parser.parse_args()
     cameras = [None, *(Camera(c, s, 1) for s in args.sizes for c in ("depth", "rgb")),
                Camera("depth", args.sizes[0], args.period)]
@@ -57,7 +61,7 @@ def main() -> None:
     for num_envs in args.num_envs:
         off = None
         for camera in cameras:
-            rate = step_rate(num_envs, args.steps, camera)
+            rate = step_rate(num_envs, args.steps, camera, args.device)
             off = off or rate
             name = "off" if camera is None else f"{camera.channel} {camera.size}x{camera.size}" + (
                 f" every {camera.period}" if camera.period > 1 else "")
@@ -66,7 +70,8 @@ def main() -> None:
                          "step_time_vs_off": off / rate})
             print(f"  {num_envs} envs, camera {name}: {rate:,.0f} env-steps/s", flush=True)
     print_table(rows)
-    write_json("cameras", rows, task=" ".join(TASK), steps=args.steps)
+    write_json("cameras" if args.device == "cpu" else "cameras_cuda", rows, task=" ".join(TASK), steps=args.steps,
+               device=args.device)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ check dagger_memory 400 "${learn[@]}" --task arm_lift --mode dagger --minutes 2.
 # 5. A shorter recurrent update (the LSTM trained at 0.55x the MLP's env-steps/s, its update the bottleneck).
 check lstm_fast 400 "${learn[@]}" --task quadruped_flat_deployable --minutes 3 --eval-every 1.5 --tag lstm_fast \
     robot=go2 agent.actor.rnn.type=lstm agent.algorithm.num_mini_batches=2 &
+# 16. Cameras: rendered frames/s on the GPU (the goal: >= 20k RGB frames/s at 128x128 on an H100).
+check cameras 300 python bench/cameras.py --device cuda:0 --num-envs 1024 4096 --sizes 64 128 --steps 20 &
 wait
 tar cf "$OUT/results.tar" -C bench/results/ . 2>/dev/null
 echo "== done at $((SECONDS - start)) s" | tee -a "$log"
