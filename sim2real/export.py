@@ -224,7 +224,8 @@ def build_metadata(loaded: LoadedRun, actor) -> PolicyContract:
         fall=fall,
         height_scan=height_scan,
         cameras=cameras,
-        normalizer="in the graph: (obs - mean) / (std + eps)" if actor.obs_normalization else "none",
+        normalizer=("in the graph: (obs - mean) / (std + eps)" + (", each image per channel alike" if images else ""))
+        if actor.obs_normalization else "none",
         onnx=Onnx(opset=OPSET, inputs=inputs, outputs=outputs, recurrent=recurrent, obs_dim=start,
                   num_actions=env.num_actions),
     )

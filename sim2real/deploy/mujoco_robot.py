@@ -344,9 +344,8 @@ class MuJoCoCamera:
         rot = data.xmat[self.body].reshape(3, 3)
         position = data.xpos[self.body] + rot @ np.asarray(self.camera.pos)
         axes = rot @ self.mount  # the camera's x (forward) and z (up) in the world
-        images = {}
+        images, renderer = {}, self.renderer
         for channel in self.channels:
-            renderer = self.renderer
             if channel == "depth":
                 renderer.enable_depth_rendering()
             renderer.update_scene(data, self.view)
