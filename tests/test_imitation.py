@@ -27,7 +27,7 @@ def demos(tmp_path_factory):
 def cloning_error(runner) -> float:
     """The actor's mean-squared error on the runner's labelled samples."""
     with torch.no_grad():
-        predicted = runner.ppo.actor(TensorDict({"policy": runner.obs}, batch_size=[len(runner.obs)]))
+        predicted = runner.ppo.actor(runner.obs)  # the samples: every group the actor reads
     return torch.nn.functional.mse_loss(predicted, runner.labels).item()
 
 
@@ -35,13 +35,13 @@ def test_behaviour_cloning_fits_the_demonstrations(demos, seed, learned):
     """Over training seeds 0-19 the cloning error fell by 96.4-97.4% (bound 80%) and the gripper's
     sign agreed on 99% of the samples in every seed (bound 95%)."""
     runner = make_runner(*SMALL, "agent=bc", f"agent.imitation.demos=[{demos}]", f"seed={seed}")
-    assert runner.obs.shape == (4 * 100, runner.env.get_observations()["policy"].shape[1])
+    assert runner.obs["policy"].shape == (4 * 100, runner.env.get_observations()["policy"].shape[1])
     before = cloning_error(runner)
     runner.learn(15)
     after = cloning_error(runner)
     # the gripper's open/close, the demonstrations' sharpest decision, is reproduced
     with torch.no_grad():
-        grip = runner.ppo.actor(TensorDict({"policy": runner.obs}, batch_size=[len(runner.obs)]))[:, 6]
+        grip = runner.ppo.actor(runner.obs)[:, 6]
     learned(error_cut=(1 - after / before, 0.8),
             grip_agreement=((grip.sign() == runner.labels[:, 6].sign()).float().mean().item(), 0.95))
 
@@ -53,7 +53,7 @@ def test_dagger_acts_with_the_student_and_labels_with_the_expert():
     assert runner.obs.shape[0] == 2 * steps * n  # every visited state labelled, nothing else
     layout = {t["name"]: t for t in runner.env.observation_layout()["policy"]}
     last = layout["last_action"]
-    executed = runner.obs[:, last["start"]:last["start"] + last["size"]].view(2, steps, n, -1)
+    executed = runner.obs["policy"][:, last["start"]:last["start"] + last["size"]].view(2, steps, n, -1)
     labels = runner.labels.view(2, steps, n, -1)
     # the first iteration acts with the expert's labels, the second with the student's actions
     assert torch.allclose(executed[0, 1:], labels[0, :-1], atol=1e-6)
@@ -64,7 +64,7 @@ def test_ppo_starts_from_a_cloned_policy(demos, tmp_path):
     bc = train(compose(*SMALL, "agent=bc", f"agent.imitation.demos=[{demos}]", "agent.max_iterations=5"),
                         tmp_path / "bc")
     ppo = make_runner(*SMALL, "agent.actor.init_noise_std=0.2", env=bc.env)
-    obs = TensorDict({"policy": bc.obs[:64]}, batch_size=[64])
+    obs = bc.obs[:64]
     with torch.no_grad():
         assert not torch.allclose(ppo.ppo.actor(obs), bc.ppo.actor(obs), atol=1e-2)  # from scratch: another policy
         ppo.init_from(tmp_path / "bc" / "model_5.pt")
