@@ -123,6 +123,11 @@ class ImitationRunner(Runner):
         self._begin(max_iterations)
         obs = self.env.get_observations().to(self.device)
         start_iteration = self.iteration
+        # A resumed student's samples are not in its checkpoint (up to max_samples images, ~1 GB):
+        # it gathers an episode's worth of its own labelled states before it learns again. Its
+        # first rollout alone (every env in one phase of the task) would overwrite what it knew.
+        refill = (min(self.imitation.max_samples, self.env.num_envs * self.env.max_episode_length)
+                  if self.iteration > 0 and not len(self.obs) else 0)
         with self.stop_requests as requests:
             try:
                 while max_iterations is None or self.iteration < max_iterations:
@@ -132,15 +137,20 @@ class ImitationRunner(Runner):
                     t1 = time.perf_counter()
                     if not len(self.obs):
                         raise ValueError("no labelled samples to learn from: give agent.imitation.demos or an expert.")
-                    with self.update_threads.alone():  # nothing else computes meanwhile
-                        loss = self._update()
+                    if len(self.obs) < refill:
+                        losses, progress = {}, f"resumed: gathering samples, {len(self.obs):,} of {refill:,}"
+                    else:
+                        refill = 0
+                        with self.update_threads.alone():  # nothing else computes meanwhile
+                            loss = self._update()
+                        losses = {"imitation": loss}
+                        progress = f"{self.cfg.mode} loss {loss:.4f} on {len(self.obs):,} samples"
                     t2 = time.perf_counter()
                     self.iteration += 1
-                    report = {**self.stats.end(), "iteration": self.iteration, "losses": {"imitation": loss},
+                    report = {**self.stats.end(), "iteration": self.iteration, "losses": losses,
                               "learning_rate": self.imitation.learning_rate,
                               "action_std": action_std(self.ppo).mean().item(),
-                              "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0,
-                              "progress": f"{self.cfg.mode} loss {loss:.4f} on {len(self.obs):,} samples"}
+                              "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0, "progress": progress}
                     self._book(report)
             finally:
                 self._end(start_iteration)

@@ -663,7 +663,8 @@ def compare_goals(run: Path, checkpoint=None, onnx: Path | None = None, episodes
 
     # MuJoCo: the edge runtime's control loop on Newton's model of the scene.
     runner = PolicyRunner(onnx)
-    robot = MuJoCoRobot(trained_mujoco_model(env), runner.metadata, options=physics_options(physics, settings.sim))
+    robot = MuJoCoRobot(trained_mujoco_model(env), runner.metadata, options=physics_options(physics, settings.sim),
+                        object_body=entity.body_names[command.body[1]])
     mujoco_rows, latency, stops = [], [], 0
     for i in range(episodes):
         robot.reset(joint_pos=starts["joint_pos"][i], object_pose=starts["object_pose"][i])
@@ -676,6 +677,7 @@ def compare_goals(run: Path, checkpoint=None, onnx: Path | None = None, episodes
         stops += loop.stopped is not None
         latency += loop.stats.latency
         mujoco_rows.append(goal_row(d, threshold, hold, runner.control_dt))
+    robot.close()
 
     def mean(rows: list[dict]) -> dict:
         times = [r["time_s"] for r in rows if r["time_s"] is not None]

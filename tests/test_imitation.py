@@ -60,6 +60,24 @@ def test_dagger_acts_with_the_student_and_labels_with_the_expert():
     assert not torch.allclose(executed[1, 1:], labels[1, :-1], atol=1e-2)
 
 
+def test_a_resumed_dagger_student_gathers_an_episode_of_samples_before_it_learns_again(tmp_path):
+    """Its samples are not in the checkpoint: one rollout of freshly reset envs (one phase of the
+    task) must not be all it trains on."""
+    short = (*SMALL, "agent=dagger", f"agent.imitation.expert={EXPERT}", "task.episode_length_s=1.0")
+    first = make_runner(*short)
+    first.learn(2)
+    checkpoint = first.save(tmp_path / "model_2.pt")
+    resumed = make_runner(*short, env=first.env)
+    resumed.load(checkpoint)
+    weights = [p.detach().clone() for p in resumed.ppo.actor.parameters()]
+    per_iteration, episode = 8 * 8, 8 * 50  # envs x steps; envs x steps of an episode
+    resumed.learn(2 + episode // per_iteration)  # 6 iterations: 384 samples, fewer than an episode's
+    assert len(resumed.obs) == 6 * per_iteration
+    assert all(torch.equal(a, b) for a, b in zip(weights, resumed.ppo.actor.parameters()))
+    resumed.learn(resumed.iteration + 1)  # 448: it learns again
+    assert not all(torch.equal(a, b) for a, b in zip(weights, resumed.ppo.actor.parameters()))
+
+
 def test_ppo_starts_from_a_cloned_policy(demos, tmp_path):
     bc = train(compose(*SMALL, "agent=bc", f"agent.imitation.demos=[{demos}]", "agent.max_iterations=5"),
                         tmp_path / "bc")

@@ -88,13 +88,16 @@ class MuJoCoRobot:
         floor_friction: sliding friction of every contact with the ground (:meth:`set_floor_friction`);
             None: the model's own contacts (an MJCF's added floor has 1.0, and MuJoCo takes the
             larger of a contact's two; Newton's model gives the robot's friction, as in training).
+        object_body: the body that :meth:`reset` places and ``object_pos`` reports (default: the
+            one the policy's ``object_position`` term observes; name it for a policy that finds
+            the object by camera, so that its episodes can start and be judged alike).
         options: MuJoCo ``<option>`` values to set, e.g. ``{"integrator": "implicitfast",
             "iterations": 10, "ls_iterations": 10}`` (Newton SolverMuJoCo's defaults are
             implicitfast, pyramidal cone, Newton solver).
     """
 
     def __init__(self, source, metadata: PolicyContract, floor_friction: float | None = None,
-                 options: dict | None = None):
+                 options: dict | None = None, object_body: str | None = None):
         where = source if isinstance(source, (str, Path)) else "the training model"
         if isinstance(source, mujoco.MjModel):
             compiled = copy.copy(source)  # (options and perturbations edit it)
@@ -132,11 +135,13 @@ class MuJoCoRobot:
             raise ValueError(f"{where}: the robot's free joint must come first in the model.")
         object_term = next((t for t in metadata.observation.terms if t.func == "object_position"), None)
         self.object_body = None
-        if object_term is not None:
-            name = object_term.params.get("object", "cube")
+        if object_body is None and object_term is not None:
+            object_body = object_term.params.get("object", "cube")
+        if object_body is not None:
+            name = object_body
             self.object_body = find_id(model, mujoco.mjtObj.mjOBJ_BODY, name)
             if self.object_body < 0:
-                raise ValueError(f"{where} has no body '{name}', the object the policy observes: use the model "
+                raise ValueError(f"{where} has no body '{name}', the object of the task: use the model "
                                  "Newton trained with (robot.mjb of `legion export`, which holds the whole scene).")
         kp = np.asarray(metadata.joint_stiffness, np.float64)
         kd = np.asarray(metadata.joint_damping, np.float64)
@@ -220,6 +225,8 @@ class MuJoCoRobot:
             d.qpos[3:7] = [1.0, 0.0, 0.0, 0.0]
         d.qpos[self.qpos_ids] = self.metadata.default_joint_pos if joint_pos is None else joint_pos
         if object_pose is not None:
+            if self.object_body is None:
+                raise ValueError("reset(object_pose=...): the robot has no object; name it (object_body=...)")
             joint = self.model.body_jntadr[self.object_body]
             if joint < 0 or self.model.jnt_type[joint] != mujoco.mjtJoint.mjJNT_FREE:
                 raise ValueError("the object has no free joint: its pose cannot be set")
