@@ -23,15 +23,9 @@ from typing import cast
 import torch
 from tensordict import TensorDict
 
-from legion.agents.ppo import action_std, obs_groups_for
+from legion.agents.ppo import action_std, obs_groups_for, stored
 from legion.agents.runner import Runner
 from legion.configs.schema import Agent
-
-
-def _stored(obs: TensorDict) -> TensorDict:
-    """A copy of observations to keep: images (N, C, H, W) in float16 (half the memory: a 64x64 depth
-    image is 8 kB, 100k of them 0.8 GB), vectors as they are."""
-    return TensorDict({k: v.half() if v.dim() == 4 else v.clone() for k, v in obs.items()}, batch_size=obs.batch_size)
 
 
 class ImitationRunner(Runner):
@@ -65,7 +59,7 @@ class ImitationRunner(Runner):
             self.obs = TensorDict({"policy": demos[0]}, batch_size=[len(demos[0])])
             self.labels = demos[1]
         else:
-            self.obs = _stored(observations.select(*self.groups))[:0]
+            self.obs = stored(observations.select(*self.groups))[:0]
             self.labels = torch.zeros(0, env.num_actions, device=device)
         actor = self.ppo.actor
         if len(self.obs):
@@ -85,7 +79,7 @@ class ImitationRunner(Runner):
                 actions = actor(obs)
                 if expert is not None:
                     label = expert(obs)
-                    visited.append(_stored(obs.select(*self.groups)))
+                    visited.append(stored(obs.select(*self.groups)))
                     labels.append(label)
                     if self.iteration == 0:
                         actions = label

@@ -84,6 +84,13 @@ def _build_critic(obs: TensorDict, cfg: Agent) -> MLPModel:
     return _build_model(obs, "critic", 1, cfg.critic)
 
 
+def stored(obs: TensorDict) -> TensorDict:
+    """A copy of observations to keep (rollouts, imitation samples): images (N, C, H, W) in float16,
+    half the memory (4,096 envs x 24 steps of 128x128 RGB: 9.7 GB, not 19; depth in metres keeps
+    ~1 mm at 2 m), vectors as they are. Models read them through :class:`ImageNormalizer`, in float32."""
+    return TensorDict({k: v.half() if v.dim() == 4 else v.clone() for k, v in obs.items()}, batch_size=obs.batch_size)
+
+
 class ImageModel(CNNModel):
     """rsl-rl's CNNModel whose image groups are normalized as its vectors are: each CNN reads its
     image through an :class:`ImageNormalizer` (with ``obs_normalization``). Without it a depth
@@ -115,7 +122,7 @@ class ImageNormalizer(torch.nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         mean, std = (v.view(1, -1, 1, 1) for v in (self.stats._mean, self.stats._std))
-        return (images - mean) / (std + self.stats.eps)
+        return (images.float() - mean) / (std + self.stats.eps)
 
 
 class _NormalizedCNN(torch.nn.Module):
@@ -316,7 +323,7 @@ def build_ppo(env: VecEnv, cfg: Agent, device: str, storage: RolloutStorage | No
     actor = _build_actor(obs, env.num_actions, cfg)
     critic = _build_critic(obs, cfg)
     if storage is None:
-        storage = RolloutStorage("rl", env.num_envs, cfg.num_steps_per_env, obs, [env.num_actions], device)
+        storage = RolloutStorage("rl", env.num_envs, cfg.num_steps_per_env, stored(obs), [env.num_actions], device)
     symmetry = cfg.symmetry
     symmetry_cfg = None
     if symmetry.augmentation or symmetry.mirror_loss:  # the env's mirror maps (legion.tasks.symmetry)
@@ -467,7 +474,7 @@ class RolloutBuffer(RolloutStorage):
 
     def __init__(self, env: VecEnv, num_steps: int, device: str, stop: threading.Event | None = None):
         obs = env.get_observations()
-        super().__init__("rl", env.num_envs, num_steps, obs, [env.num_actions], device)
+        super().__init__("rl", env.num_envs, num_steps, stored(obs), [env.num_actions], device)
         self.versions: list[int] = []
         self.time_outs = torch.zeros(num_steps, env.num_envs, 1, device=device)
         self.last_obs = obs.clone()

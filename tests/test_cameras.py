@@ -141,6 +141,22 @@ def test_a_group_mixing_images_and_vectors_is_refused_naming_it():
                  "+task.observations.policy.depth={func: depth_image, params: {camera: front}}")
 
 
+def test_ppo_keeps_its_rollout_images_in_float16_and_learns_from_them():
+    """Half the memory of a rollout's images; the update reads them through the image normalizer."""
+    from conftest import make_runner
+
+    runner = make_runner("task=quadruped_flat", "sim.num_envs=4", "agent.num_steps_per_env=4", WALL, FRONT,
+                         "+task.observations.policy_depth={depth: {func: depth_image, params: {camera: front}}}")
+    stored = runner.ppo.storage.observations
+    assert stored["policy_depth"].dtype == torch.float16 and stored["policy"].dtype == torch.float32
+    cnn = runner.ppo.actor.cnns["policy_depth"].cnn
+    before = [p.detach().clone() for p in cnn.parameters()]
+    runner.learn(1)
+    images = stored["policy_depth"].float()
+    assert images.shape == (4, 4, 1, 12, 16) and (images > 0).any()  # a wall 1.7 m ahead, in metres
+    assert not all(torch.equal(a, b) for a, b in zip(before, cnn.parameters()))
+
+
 def test_a_pixel_policy_trains_exports_and_runs_in_the_edge_runtime_as_in_training(tmp_path, monkeypatch):
     """A ``policy_<name>`` image group goes to the actor through rsl-rl's CNN model; `legion export`
     writes it with the image group as an ONNX input of its own and the camera in the contract; the
