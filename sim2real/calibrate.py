@@ -18,8 +18,10 @@ estimate) or where its spread over a bootstrap (``bootstrap`` fits of windows dr
 replacement, each started from the estimate) is wider than +-20% of it (of 5% of its range where
 the estimate is near zero): CMA-ES's step size is not an uncertainty. Every fourth window is
 held out: the RMSE there, nominal against calibrated, says whether the fit generalizes. Writes
-``calibration.json`` and ``reality_calibrated.yaml`` (a reality file of the estimates: ``legion
-sim2sim reality=<it>`` runs the calibrated model).
+``calibration.json``, ``reality_calibrated.yaml`` (a reality file of the estimates: ``legion
+sim2sim reality=<it>`` runs the calibrated model), ``task_calibrated.yaml`` (the run's task whose
+randomization is centred on the estimates, :func:`training_overlay`) and ``calibration.png``
+(held-out windows, logged against the nominal and the calibrated model).
 """
 
 from __future__ import annotations
@@ -145,11 +147,10 @@ class Fit:
         robot.hang()  # as the logged robot was
         return robot
 
-    def errors(self, values: dict, windows: list[Window] | None = None) -> np.ndarray:
-        """Per window, the mean squared error of the simulated joint positions [rad^2] and motor
-        torques [(N m)^2] from the logged ones: (windows, 2), the torques' NaN where not logged."""
+    def simulate(self, values: dict, windows: list[Window]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per window, the simulated joint positions and motor torques after each logged target: (T, J) each."""
         robot, out = self.robot(values), []
-        for w in windows if windows is not None else self.windows:
+        for w in windows:
             robot.reset(joint_pos=w.joint_pos[0])
             robot.data.qvel[robot.qvel_ids] = w.joint_vel[0]
             robot.acting = (w.targets[0].astype(np.float64), *robot.acting[1:])  # sent before the window began
@@ -158,9 +159,16 @@ class Fit:
                 robot.write_targets(targets)
                 positions.append(robot.data.qpos[robot.qpos_ids].copy())
                 torques.append(robot.tau.copy())
-            out.append((np.mean((np.array(positions) - w.joint_pos[1:]) ** 2),
-                        np.mean((np.array(torques) - w.joint_torque[1:]) ** 2) if w.joint_torque is not None
-                        else np.nan))
+            out.append((np.array(positions), np.array(torques)))
+        return out
+
+    def errors(self, values: dict, windows: list[Window] | None = None) -> np.ndarray:
+        """Per window, the mean squared error of the simulated joint positions [rad^2] and motor
+        torques [(N m)^2] from the logged ones: (windows, 2), the torques' NaN where not logged."""
+        windows = windows if windows is not None else self.windows
+        out = [(np.mean((positions - w.joint_pos[1:]) ** 2),
+                np.mean((torques - w.joint_torque[1:]) ** 2) if w.joint_torque is not None else np.nan)
+               for w, (positions, torques) in zip(windows, self.simulate(values, windows))]
         self.evaluations += 1
         return np.array(out)
 
@@ -204,8 +212,11 @@ def _search(fit: Fit, start: np.ndarray, sigma: float, budget: int, seed: int, s
 
 def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s: float = 0.5,
               max_evaluations: int = 600, bootstrap: int = 8, bootstrap_evaluations: int = 60, seed: int = 0,
-              out_dir: str | Path | None = None, groups: dict[str, str] | None = None, say=print) -> dict:
-    """``legion calibrate`` as a function (module docstring). Returns the report it writes."""
+              out_dir: str | Path | None = None, groups: dict[str, str] | None = None, say=print,
+              task_events: dict | None = None) -> dict:
+    """``legion calibrate`` as a function (module docstring). Returns the report it writes.
+    ``task_events``: the run's ``task.events`` (plain dicts), whose events of a calibrated kind the
+    training overlay turns off."""
     from legion.sim2real.deploy.contract import PolicyContract
 
     exported = Path(exported)
@@ -265,8 +276,108 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
         lines += [f"  '{pattern}': {{" + ", ".join(f"{k}: {v:.5g}" for k, v in joint.items()) + "}"
                   for pattern, joint in joints.items()]
     (out / "reality_calibrated.yaml").write_text("\n".join(lines) + "\n")
+    (out / "task_calibrated.yaml").write_text(training_overlay(report, meta, groups, task_events))
+    plot(fit, held_out, nominal, best, meta.joint_names, out / "calibration.png")
     say(table(report))
+    say(f"[calibrate] wrote {out / 'calibration.json'}, {out / 'reality_calibrated.yaml'}, "
+        f"{out / 'task_calibrated.yaml'} (train on the calibrated simulator), {out / 'calibration.png'}")
     return report
+
+
+# What training randomizes for each fitted parameter (legion.tasks.mdp.events), and how an estimate
+# becomes that event's draw: the gains as scales of the model's, friction and armature as they are.
+TRAINING_EVENTS = {"kp_scale": "stiffness_scale", "kd_scale": "damping_scale", "coulomb_friction": "joint_friction",
+                   "armature": "joint_armature"}
+
+
+def estimate_range(report: dict, name: str) -> tuple[float, float]:
+    """The range training draws ``name`` from: centred on its estimate and as wide as its bootstrap
+    spread (a point where there was no bootstrap); the whole prior where the logs did not pin it down."""
+    low, high = PARAMETERS[_base(name)]
+    profile, value = report["profile"][name], report["estimates"][name]
+    if not profile["pinned"]:
+        return low, high
+    half = max(value - profile["bootstrap"][0], profile["bootstrap"][1] - value, 0.0)
+    return max(value - half, 0.0), value + half
+
+
+def training_overlay(report: dict, meta, groups: dict[str, str] | None, task_events: dict | None = None) -> str:
+    """A task file (``legion train task=<it> robot=...``) that is the run's task on the simulator the
+    logs describe: per fitted joint group, training's events draw each parameter from
+    :func:`estimate_range`; the task's own events of the same kind are turned off.
+
+    Viscous friction b adds to the PD damping kd (both oppose the joint's speed): it joins the
+    damping scale as kd_scale + b / kd where a group's joints share one kd. Latency goes to
+    ``action_delay``, whose steps are whole control periods (the nearest whole periods around the
+    estimate's range)."""
+    import re
+
+    estimates = report["estimates"]
+    lines = ["# @package _global_",
+             f"# Calibrated by `legion calibrate` from {report['log']}: the task {meta.task} on the simulator",
+             "# these logs describe. Train or fine-tune on it with the robot you trained with, e.g.",
+             "#   legion train task=<this file> robot=<the run's robot> agent.init_from=<the run>/model_N.pt",
+             "defaults:", f"  - {meta.task}", "  - _self_", "task:", "  events:"]
+    funcs = set()
+    patterns = groups or {"all": ".*"}
+    for label, pattern in patterns.items():
+        fitted_here = {_base(n): n for n in estimates if n != "latency_ms" and (n.partition("@")[2] or "all") == label}
+        ranges = {p: estimate_range(report, n) for p, n in fitted_here.items()}
+        if "viscous_friction" in ranges:
+            kd = {d for name, d in zip(meta.joint_names, meta.joint_damping) if re.fullmatch(pattern, name)}
+            if len(kd) == 1 and next(iter(kd)) > 0:
+                kd_low, kd_high = ranges.get("kd_scale", (1.0, 1.0))
+                b_low, b_high = ranges.pop("viscous_friction")
+                ranges["kd_scale"] = (kd_low + b_low / next(iter(kd)), kd_high + b_high / next(iter(kd)))
+            else:
+                lines.insert(4, f"# viscous_friction of {pattern} not applied: its joints have no one PD damping")
+                ranges.pop("viscous_friction")
+        for param, (low, high) in ranges.items():
+            func = TRAINING_EVENTS[param]
+            funcs.add(func)
+            lines.append(f"    calibrated_{param}_{label}: {{func: {func}, mode: startup, "
+                         f"range: [{low:.5g}, {high:.5g}], params: {{joints: '{pattern}'}}}}")
+    for name, event in (task_events or {}).items():
+        if (event.get("func") or name) in funcs and event.get("enabled", True):
+            lines.append(f"    {name}: {{enabled: false}}   # the calibrated draw above replaces it")
+    if "latency_ms" in estimates:
+        step_ms = meta.control_dt * 1000
+        low, high = estimate_range(report, "latency_ms")
+        lines.append(f"    action_delay: {{mode: reset, range: [{int(low // step_ms)}, {int(-(-high // step_ms))}], "
+                     f"enabled: true}}   # {low:.1f}-{high:.1f} ms, in control steps of {step_ms:g} ms")
+    return "\n".join(lines) + "\n"
+
+
+def plot(fit: Fit, windows: list[Window], nominal: dict, calibrated: dict, joint_names: list[str], path: Path) -> None:
+    """calibration.png: the held-out windows one after another, logged against the nominal and the
+    calibrated model, for the joint the nominal model missed most (positions; torques where logged)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not windows:
+        return
+    runs = {"nominal": fit.simulate(nominal, windows), "calibrated": fit.simulate(calibrated, windows)}
+    logged_pos = np.concatenate([w.joint_pos[1:] for w in windows])
+    sim = {label: [np.concatenate([r[i] for r in run]) for i in (0, 1)] for label, run in runs.items()}
+    joint = int(np.argmax(((sim["nominal"][0] - logged_pos) ** 2).mean(0)))
+    logged_torques = [w.joint_torque[1:] for w in windows if w.joint_torque is not None]
+    torques = len(logged_torques) == len(windows)
+    fig, axes = plt.subplots(2 if torques else 1, 1, figsize=(10, 6 if torques else 3.5), sharex=True, squeeze=False)
+    t = np.arange(len(logged_pos)) * fit.metadata.control_dt
+    logged = [logged_pos] + ([np.concatenate(logged_torques)] if torques else [])
+    for row, (ax, unit) in enumerate(zip(axes[:, 0], ("position [rad]", "torque [N m]"))):
+        ax.plot(t, logged[row][:, joint], "k", lw=1.5, label="logged")
+        for label, style in (("nominal", "C3--"), ("calibrated", "C0")):
+            ax.plot(t, sim[label][row][:, joint], style, lw=1, label=f"{label} model")
+        ax.set_ylabel(f"{joint_names[joint]}\n{unit}")
+    axes[0, 0].set_title("held-out windows of the log, each replayed from its logged state")
+    axes[0, 0].legend(loc="upper right", fontsize=8)
+    axes[-1, 0].set_xlabel("time in the held-out windows [s]")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def table(report: dict) -> str:

@@ -3,10 +3,14 @@ checked by name, each effect acting as written (latency at physics-step resoluti
 jitter, the drivers' gains, gear play and torque limit, friction, payload, sensors), the shipped
 realities standing a Go2, and `legion sim2sim` / `legion bridge` running one."""
 
+import json
+
 import numpy as np
 import pytest
+import torch
 
-from conftest import export_untrained_run, legion_in_process
+from conftest import export_untrained_run, legion_in_process, make_env
+from legion.configs import compose
 from legion.sim2real.reality import Latency, Reality, RealityRobot, load_reality
 
 SHIPPED = ("go2_worn_motors", "go2_payload", "go2_backlash")
@@ -141,7 +145,6 @@ imu: {gyro_noise: 0.1, gyro_bias: [0.05, 0.0, -0.05]}
 def test_legion_sim2sim_runs_the_policy_on_a_reality(go2, tmp_path):
     """The MuJoCo column is the reality's robot (its episode differs from the nominal model's);
     the Newton column is untouched."""
-    import json
 
     results = {}
     for name in ("nominal", "go2_payload"):
@@ -192,7 +195,6 @@ def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitati
     the fit finds 0.804, 0.305 and 10.3 ms (tolerances 5%, 10%, 2.5 ms), every one pinned down, and
     the held-out joint RMSE falls below a third of the nominal model's. The reality file it writes
     runs as one."""
-    import json
 
     from legion.sim2real.reality import Encoders, Joints
 
@@ -221,6 +223,15 @@ def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitati
     calibrated = load_reality(logs / "reality_calibrated.yaml")
     assert calibrated.joints[".*"].kp_scale == pytest.approx(estimates["kp_scale"], abs=1e-4)
     assert calibrated.latency_ms.mean == pytest.approx(estimates["latency_ms"], abs=1e-3)
+    # training on the calibrated simulator: the run's task, randomized about the estimates
+    task = compose(f"task={logs / 'task_calibrated.yaml'}", "robot=go2").task
+    low, high = task.events["calibrated_kp_scale_all"].range
+    assert low <= estimates["kp_scale"] <= high and high - low < 0.2 * estimates["kp_scale"]
+    low, high = task.events["calibrated_coulomb_friction_all"].range
+    assert low <= estimates["coulomb_friction"] <= high
+    delay = task.events["action_delay"]  # whole control steps of 20 ms about the estimate
+    assert delay.enabled and delay.range[0] * 20 <= estimates["latency_ms"] <= delay.range[1] * 20 <= 40
+    assert (logs / "calibration.png").stat().st_size > 10_000
 
 
 def test_legion_calibrate_refuses_logs_it_cannot_use_by_name(go2, tmp_path):
@@ -261,7 +272,8 @@ def test_calibrate_fits_joint_groups_apart(go2, tmp_path):
     logs = _excitation_log(go2, truth, 8.0, tmp_path / "logs")
     groups = {"calf": ".*_calf_joint", "upper": ".*_(hip|thigh)_joint"}
     report = calibrate(logs, go2["mjb"].parent, ["kp_scale", "latency_ms"], max_evaluations=300, bootstrap=0,
-                       groups=groups, say=lambda line: None)
+                       groups=groups, say=lambda line: None,
+                       task_events={"stiffness": {"func": "stiffness_scale", "enabled": True}})
     estimates = report["estimates"]
     assert set(estimates) == {"kp_scale@calf", "kp_scale@upper", "latency_ms"}
     assert estimates["kp_scale@calf"] == pytest.approx(0.7, rel=0.05)
@@ -269,3 +281,12 @@ def test_calibrate_fits_joint_groups_apart(go2, tmp_path):
     calibrated = load_reality(logs / "reality_calibrated.yaml")
     assert set(calibrated.joints) == set(groups.values())
     RealityRobot(go2["mjb"], go2["meta"], calibrated)
+    # the training overlay: each group's kp drawn at its estimate (pinned, no bootstrap: a point), the
+    # task's own stiffness randomization off; the env it makes has those gains
+    assert all(p["pinned"] for p in report["profile"].values())
+    assert "stiffness: {enabled: false}" in (logs / "task_calibrated.yaml").read_text()
+    env = make_env(f"task={logs / 'task_calibrated.yaml'}", "robot=go2", "sim.num_envs=2")
+    scale = (env.robot.joint_stiffness / env.robot.defaults["joint_stiffness"])[0]
+    calves = torch.tensor(["calf" in n for n in env.robot.joint_names])
+    assert torch.allclose(scale[calves], torch.tensor(estimates["kp_scale@calf"]), rtol=1e-4)
+    assert torch.allclose(scale[~calves], torch.tensor(estimates["kp_scale@upper"]), rtol=1e-4)

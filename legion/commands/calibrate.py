@@ -14,9 +14,12 @@ hung: `legion deploy ... excite=chirp`). Each 0.5 s window of the logs is replay
 logged joint state with its logged targets; CMA-ES searches the parameters for the smallest
 joint-position error. Prints the estimates with their spread over a bootstrap (refits on windows
 drawn with replacement), which of them the logs do not pin down (a flat loss, or a spread wider
-than +-20%), and the joint RMSE on held-out windows, nominal against calibrated; writes calibration.json and
-reality_calibrated.yaml (`legion sim2sim reality=<it>` runs the calibrated robot) into out (default:
-the log folder).
+than +-20%), and the joint RMSE on held-out windows, nominal against calibrated. Writes into out (default: the log
+folder) calibration.json, reality_calibrated.yaml (`legion sim2sim reality=<it>` runs the
+calibrated robot), task_calibrated.yaml (the run's task with its randomization centred on the
+estimates and as wide as their spread, the whole prior where not pinned down: `legion train
+task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calibration.png
+(held-out windows: logged, nominal and calibrated joint positions and torques).
 
   params=           which to fit: kp_scale, kd_scale (the drivers' effective gains), coulomb_friction
                     [N m], viscous_friction [N m s/rad], armature [kg m^2] (every joint alike, or
@@ -35,6 +38,8 @@ a log whose base turns is refused. Logs of a standing or walking robot are not s
 
 def run(args: list[str]) -> None:
     from pathlib import Path
+
+    from omegaconf import OmegaConf
 
     from legion.sim2real.calibrate import calibrate
 
@@ -57,8 +62,10 @@ def run(args: list[str]) -> None:
     exported = next((f for f in (Path(run), Path(run) / "exported") if (f / "robot.mjb").is_file()), None)
     if exported is None:
         raise UsageError(f"run={run}: no robot.mjb there nor in its exported/ (run `legion export run={run}`)")
+    config = next((f / "config.yaml" for f in (Path(run), exported.parent) if (f / "config.yaml").is_file()), None)
+    events = OmegaConf.to_container(OmegaConf.load(config).task.events) if config else None
     calibrate(o["log"], exported, [p for p in o["params"].split(",") if p],
               number("window_s", o["window_s"], float), number("evaluations", o["evaluations"]),
               number("bootstrap", o["bootstrap"]), seed=number("seed", o["seed"]), out_dir=o["out"],
               groups=groups or None,
-              say=lambda line: print(line, flush=True))
+              say=lambda line: print(line, flush=True), task_events=events)  # pyright: ignore[reportArgumentType]
