@@ -213,10 +213,9 @@ def _search(fit: Fit, start: np.ndarray, sigma: float, budget: int, seed: int, s
 def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s: float = 0.5,
               max_evaluations: int = 600, bootstrap: int = 8, bootstrap_evaluations: int = 60, seed: int = 0,
               out_dir: str | Path | None = None, groups: dict[str, str] | None = None, say=print,
-              task_events: dict | None = None) -> dict:
+              task: dict | None = None) -> dict:
     """``legion calibrate`` as a function (module docstring). Returns the report it writes.
-    ``task_events``: the run's ``task.events`` (plain dicts), whose events of a calibrated kind the
-    training overlay turns off."""
+    ``task``: the run's ``task`` config (plain dicts) for the training overlay (:func:`training_overlay`)."""
     from legion.sim2real.deploy.contract import PolicyContract
 
     exported = Path(exported)
@@ -276,7 +275,7 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
         lines += [f"  '{pattern}': {{" + ", ".join(f"{k}: {v:.5g}" for k, v in joint.items()) + "}"
                   for pattern, joint in joints.items()]
     (out / "reality_calibrated.yaml").write_text("\n".join(lines) + "\n")
-    (out / "task_calibrated.yaml").write_text(training_overlay(report, meta, groups, task_events))
+    (out / "task_calibrated.yaml").write_text(training_overlay(report, meta, groups, task))
     plot(fit, held_out, nominal, best, meta.joint_names, out / "calibration.png")
     say(table(report))
     say(f"[calibrate] wrote {out / 'calibration.json'}, {out / 'reality_calibrated.yaml'}, "
@@ -301,50 +300,61 @@ def estimate_range(report: dict, name: str) -> tuple[float, float]:
     return max(value - half, 0.0), value + half
 
 
-def training_overlay(report: dict, meta, groups: dict[str, str] | None, task_events: dict | None = None) -> str:
+def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: dict | None = None) -> str:
     """A task file (``legion train task=<it> robot=...``) that is the run's task on the simulator the
     logs describe: per fitted joint group, training's events draw each parameter from
-    :func:`estimate_range`; the task's own events of the same kind are turned off.
+    :func:`estimate_range`; the task's own events of the same kind are turned off (``task``: the
+    run's ``task`` config as plain dicts; without it, they stay as the task file sets them).
 
     Viscous friction b adds to the PD damping kd (both oppose the joint's speed): it joins the
-    damping scale as kd_scale + b / kd where a group's joints share one kd. Latency goes to
-    ``action_delay``, whose steps are whole control periods (the nearest whole periods around the
-    estimate's range)."""
+    damping scale as kd_scale + b / kd where a group's joints share one kd. Latency: where every
+    actuator of the run's robot is a ``dc_motor``, their ``delay`` in physics steps (the estimate's
+    nearest); otherwise ``action_delay`` in the whole control steps about the estimate's range."""
     import re
 
-    estimates = report["estimates"]
+    estimates, task = report["estimates"], task or {}
     lines = ["# @package _global_",
              f"# Calibrated by `legion calibrate` from {report['log']}: the task {meta.task} on the simulator",
              "# these logs describe. Train or fine-tune on it with the robot you trained with, e.g.",
              "#   legion train task=<this file> robot=<the run's robot> agent.init_from=<the run>/model_N.pt",
              "defaults:", f"  - {meta.task}", "  - _self_", "task:", "  events:"]
     funcs = set()
-    patterns = groups or {"all": ".*"}
-    for label, pattern in patterns.items():
+    for label, pattern in (groups or {"all": ".*"}).items():
         fitted_here = {_base(n): n for n in estimates if n != "latency_ms" and (n.partition("@")[2] or "all") == label}
         ranges = {p: estimate_range(report, n) for p, n in fitted_here.items()}
         if "viscous_friction" in ranges:
             kd = {d for name, d in zip(meta.joint_names, meta.joint_damping) if re.fullmatch(pattern, name)}
+            b_low, b_high = ranges.pop("viscous_friction")
             if len(kd) == 1 and next(iter(kd)) > 0:
                 kd_low, kd_high = ranges.get("kd_scale", (1.0, 1.0))
-                b_low, b_high = ranges.pop("viscous_friction")
                 ranges["kd_scale"] = (kd_low + b_low / next(iter(kd)), kd_high + b_high / next(iter(kd)))
             else:
                 lines.insert(4, f"# viscous_friction of {pattern} not applied: its joints have no one PD damping")
-                ranges.pop("viscous_friction")
         for param, (low, high) in ranges.items():
-            func = TRAINING_EVENTS[param]
-            funcs.add(func)
-            lines.append(f"    calibrated_{param}_{label}: {{func: {func}, mode: startup, "
+            funcs.add(TRAINING_EVENTS[param])
+            lines.append(f"    calibrated_{param}_{label}: {{func: {TRAINING_EVENTS[param]}, mode: startup, "
                          f"range: [{low:.5g}, {high:.5g}], params: {{joints: '{pattern}'}}}}")
-    for name, event in (task_events or {}).items():
-        if (event.get("func") or name) in funcs and event.get("enabled", True):
-            lines.append(f"    {name}: {{enabled: false}}   # the calibrated draw above replaces it")
+    actuators = task.get("scene", {}).get("robot", {}).get("actuators", {})
+    motors = bool(actuators) and all(a.get("model") == "dc_motor" for a in actuators.values())
     if "latency_ms" in estimates:
-        step_ms = meta.control_dt * 1000
+        funcs.add("action_delay")
         low, high = estimate_range(report, "latency_ms")
-        lines.append(f"    action_delay: {{mode: reset, range: [{int(low // step_ms)}, {int(-(-high // step_ms))}], "
-                     f"enabled: true}}   # {low:.1f}-{high:.1f} ms, in control steps of {step_ms:g} ms")
+        if motors:
+            steps = round(estimates["latency_ms"] / (meta.physics_dt * 1000))
+            lines += ["  scene:", "    robot:", "      actuators:"]
+            lines += [f"        {name}: {{delay: {steps}}}   # {estimates['latency_ms']:.1f} ms in physics steps of "
+                      f"{meta.physics_dt * 1000:g} ms" for name in actuators]
+            lines.insert(lines.index("  scene:"), "    action_delay: {enabled: false}   # the motors' delay below")
+        else:
+            step_ms = meta.control_dt * 1000
+            first, last = int(low // step_ms), int(-(-high // step_ms))
+            lines.insert(lines.index("  events:") + 1,
+                         f"    action_delay: {{mode: reset, range: [{first}, {last}], enabled: true}}   "
+                         f"# {low:.1f}-{high:.1f} ms, in control steps of {step_ms:g} ms")
+    at = lines.index("  scene:") if "  scene:" in lines else len(lines)
+    for name, event in task.get("events", {}).items():
+        if name != "action_delay" and (event.get("func") or name) in funcs and event.get("enabled", True):
+            lines.insert(at, f"    {name}: {{enabled: false}}   # the calibrated draw above replaces it")
     return "\n".join(lines) + "\n"
 
 

@@ -63,9 +63,9 @@ def run(args: list[str]) -> None:
     if exported is None:
         raise UsageError(f"run={run}: no robot.mjb there nor in its exported/ (run `legion export run={run}`)")
     config = next((f / "config.yaml" for f in (Path(run), exported.parent) if (f / "config.yaml").is_file()), None)
-    events = OmegaConf.to_container(OmegaConf.load(config).task.events) if config else None
+    task = OmegaConf.to_container(OmegaConf.load(config).task) if config else None
     calibrate(o["log"], exported, [p for p in o["params"].split(",") if p],
               number("window_s", o["window_s"], float), number("evaluations", o["evaluations"]),
               number("bootstrap", o["bootstrap"]), seed=number("seed", o["seed"]), out_dir=o["out"],
               groups=groups or None,
-              say=lambda line: print(line, flush=True), task_events=events)  # pyright: ignore[reportArgumentType]
+              say=lambda line: print(line, flush=True), task=task)  # pyright: ignore[reportArgumentType]
