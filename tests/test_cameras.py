@@ -141,6 +141,39 @@ def test_a_group_mixing_images_and_vectors_is_refused_naming_it():
                  "+task.observations.policy.depth={func: depth_image, params: {camera: front}}")
 
 
+def test_image_latency_shows_each_world_the_frame_of_steps_ago_and_a_new_episode_none_of_the_last():
+    """Two envs alike but for the image latency (event image_latency: 0 and 2 control steps): the
+    late one reads at step t what the other read at step t - 2 (the first frame until then), a
+    restored checkpoint reads on alike, and after a reset the frame of the new episode at once."""
+    def env_with(steps: int):
+        torch.manual_seed(0)
+        return make_env("task=quadruped_flat", "sim.num_envs=2", WALL, FRONT,
+                        "+task.observations.camera={depth: {func: depth_image, params: {camera: front}}}",
+                        f"+task.events.late={{func: image_latency, mode: startup, range: [{steps}, {steps}], "
+                        "params: {camera: front}}")
+
+    now, late = env_with(0), env_with(2)
+    assert late.sim.cameras.latency["front"].tolist() == [2, 2]
+    actions = torch.randn(8, 2, now.num_actions, generator=torch.Generator().manual_seed(1))
+    seen = {"now": [], "late": []}
+    with torch.inference_mode():
+        for t in range(8):
+            for key, env in (("now", now), ("late", late)):
+                seen[key].append(env.get_observations()["camera"].clone())
+                env.step(actions[t])
+    assert not torch.equal(seen["now"][0], seen["now"][3])  # the robot moves: its camera's frames differ
+    for t in range(8):
+        assert torch.equal(seen["late"][t], seen["now"][max(t - 2, 0)]), t
+    restored = env_with(2)  # a checkpoint carries the past frames: restored, it reads on as the original
+    restored.sim.load_state_dict(late.sim.state_dict())
+    with torch.inference_mode():
+        for t in range(3):
+            now.step(actions[t]), late.step(actions[t]), restored.step(actions[t])
+            assert torch.equal(restored.get_observations()["camera"], late.get_observations()["camera"]), t
+        now.reset(), late.reset()
+        assert torch.equal(late.get_observations()["camera"], now.get_observations()["camera"])
+
+
 def test_ppo_keeps_its_rollout_images_in_float16_and_learns_from_them():
     """Half the memory of a rollout's images; the update reads them through the image normalizer."""
     from conftest import make_runner

@@ -298,6 +298,13 @@ def depth_holes(env, mask, draw, camera: str):
     holes[:] = where(mask, draw(), holes)
 
 
+@event(modes=("startup", "reset"), domain=(0.0, math.inf))
+def image_latency(env, mask, draw, camera: str):
+    """The camera's images reach the policy U{range} whole control steps late, per world: a depth
+    camera's pipeline (exposure, stereo matching, transport) takes 30-60 ms, 2-3 steps at 50 Hz."""
+    scene_camera(env, camera).set_latency(camera, mask, draw(integer=True).long(), int(draw.max))
+
+
 @event(domain=(0.0, math.inf))
 def rgb_gain(env, mask, draw, camera: str):
     """Each colour channel times U(range), per world and channel: lighting and white balance."""

@@ -134,6 +134,13 @@ class Cameras:
             self._due[name] = torch.ones(n, dtype=torch.bool, device=device)
         self.mount_defaults = {name: (self.mount_pos[name].clone(), self.mount_quat[name].clone())
                                for name in self.cfgs}
+        # Image latency (event image_latency): per world, how many control steps late its images are
+        # read; the frames of the last steps in a ring per channel, made when a latency is first set.
+        self.latency = {name: torch.zeros(n, dtype=torch.long, device=device) for name in self.cfgs}
+        self._past: dict[str, dict[str, torch.Tensor]] = {}
+        self._pushed: dict[tuple[str, str], int] = {}  # the step whose frame a ring holds last
+        self._fresh = {(name, c): torch.ones(n, dtype=torch.bool, device=device)
+                       for name, cam in self.cfgs.items() for c in cam.channels}  # reset since: no past frames
         self._gl = torch.tensor(GL_IN_CAMERA, device=device)
         self._steps = torch.zeros((), dtype=torch.long)  # control steps so far (on the host: read freely)
         self._refitted = -1
@@ -155,9 +162,29 @@ class Cameras:
                 self._due[name].fill_(True)
 
     def reset(self, worlds: torch.Tensor) -> None:
-        """Worlds whose state was written (num_envs,) bool: every camera renders them again."""
+        """Worlds whose state was written (num_envs,) bool: every camera renders them again (and a
+        late camera's past frames of them are forgotten: a new episode sees none of the last)."""
         for due in self._due.values():
             due |= worlds
+        for fresh in self._fresh.values():
+            fresh |= worlds
+        self._pushed.clear()  # the next read brings the reset worlds' frames into the rings, within this step
+
+    def set_latency(self, name: str, worlds: torch.Tensor, steps: torch.Tensor, max_steps: int) -> None:
+        """The images of camera ``name`` in ``worlds`` (num_envs,) bool are read ``steps``
+        (num_envs,) whole control steps late, each <= ``max_steps``."""
+        size = max_steps + 1
+        rings = self._past.get(name)
+        if rings is None or size > len(next(iter(rings.values()))):
+            n, cam = self.sim.num_envs, self.cfgs[name]
+            shapes = {"depth": ((cam.height, cam.width), torch.float32),
+                      "rgb": ((cam.height, cam.width, 3), torch.uint8)}
+            self._past[name] = {c: torch.zeros(size, n, *shapes[c][0], dtype=shapes[c][1], device=self.sim.device)
+                                for c in cam.channels}
+            for c in cam.channels:  # a new ring holds no frames yet: filled with the next one
+                self._fresh[(name, c)].fill_(True)
+                self._pushed.pop((name, c), None)
+        self.latency[name].copy_(torch.where(worlds, steps, self.latency[name]))
 
     def pose(self, name: str) -> torch.Tensor:
         """(num_envs, 7) the camera's pose in the world (position [m], quaternion x, y, z, w) in
@@ -171,23 +198,43 @@ class Cameras:
                           quat_mul(body_pose[:, 3:], quat)], dim=-1)
 
     def depth(self, name: str) -> torch.Tensor:
-        """(num_envs, height, width) float32 planar depth [m]; 0 where nothing is within [near, far]."""
-        return wp.to_torch(self._rendered(name, "depth"))
+        """(num_envs, height, width) float32 planar depth [m]; 0 where nothing is within [near, far].
+        The frame each world's latency makes it read (the newest without one)."""
+        return self._late(name, "depth", wp.to_torch(self._rendered(name, "depth")))
 
     def rgb(self, name: str) -> torch.Tensor:
-        """(num_envs, height, width, 3) uint8 sRGB."""
-        return wp.to_torch(self._rendered(name, "rgb")).view(torch.uint8).unflatten(-1, (-1, 4))[..., :3]
+        """(num_envs, height, width, 3) uint8 sRGB, late as :meth:`depth`."""
+        return self._late(name, "rgb", wp.to_torch(self._rendered(name, "rgb")).view(torch.uint8)
+                          .unflatten(-1, (-1, 4))[..., :3])
+
+    def _late(self, name: str, channel: str, frame: torch.Tensor) -> torch.Tensor:
+        """``frame`` (this step's) joins the camera's ring once per step; per world, the frame of
+        ``latency`` steps ago (this one where the world was reset since)."""
+        if name not in self._past:
+            return frame
+        ring, step = self._past[name][channel], int(self._steps)
+        if self._pushed.get((name, channel)) != step:
+            ring[step % len(ring)] = frame
+            fresh = self._fresh[(name, channel)]
+            ring.copy_(torch.where(fresh.view(1, -1, *[1] * (frame.dim() - 1)), frame.unsqueeze(0), ring))
+            fresh.fill_(False)
+            self._pushed[(name, channel)] = step
+        return ring[(step - self.latency[name]) % len(ring), self._world.long()]
 
     def state_views(self) -> dict[str, torch.Tensor]:
         """What the cameras carry from step to step, as live views (a checkpoint's part of
-        :meth:`NewtonSim.state_dict`): the drawn mounts and sensor errors, which worlds are due, the
-        frames (a period > 1 shows the last one), and the step count."""
+        :meth:`NewtonSim.state_dict`): the drawn mounts, sensor errors and latencies, which worlds are
+        due, the frames (a period > 1 shows the last one), a late camera's past frames, and the step
+        count."""
         views: dict[str, torch.Tensor] = {"cameras.steps": self._steps}
         for name in self.cfgs:
             views |= {f"cameras.{name}.mount_pos": self.mount_pos[name], f"cameras.{name}.mount_quat":
                       self.mount_quat[name], f"cameras.{name}.due": self._due[name]}
             views |= {f"cameras.{name}.{k}": v for k, v in self.noise[name].items()}
             views |= {f"cameras.{name}.{c}": wp.to_torch(image) for c, image in self._images[name].items()}
+            if name in self._past:  # a late camera (without: the state of a camera before latencies existed)
+                views |= {f"cameras.{name}.latency": self.latency[name]}
+                views |= {f"cameras.{name}.past_{c}": ring for c, ring in self._past[name].items()}
         return views
 
     def _rendered(self, name: str, channel: str) -> wp.array:
