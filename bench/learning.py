@@ -56,8 +56,6 @@ from legion.api import seed_everything
 from legion.configs import load_run_config, save_config
 from legion.sim2real.trajectories.demos import imitation_inputs, with_teacher_observations
 
-WALK_ERROR, WALK_FALLS = 0.1, 0.05  # m/s forward tracking error, share of envs that fell
-
 
 def summarize(report: dict, train_s: float, iteration: int, env_steps: int, reward: float,
               success_goal: float) -> dict:
@@ -66,9 +64,7 @@ def summarize(report: dict, train_s: float, iteration: int, env_steps: int, rewa
     progress = {"train_min": train_s / 60, "iteration": iteration, "env_steps_M": env_steps / 1e6,
                 "train_reward": reward}
     if report["kind"] in evaluation.GOAL_COMMANDS:
-        row = {**progress, **report["rows"][0]}
-        row["goal"] = row["success_rate"] >= success_goal
-        return row
+        return {**progress, **report["rows"][0], "goal": evaluation.goal_met(report, success_goal)}
     rows = {r["command"]: r for r in report["rows"]}
     moving = [r for r in report["rows"] if r["command"] != "stand"]
     def mean(key: str, rs: list[dict]) -> float | None:  # over the commands measured (None: all of them fell)
@@ -86,8 +82,7 @@ def summarize(report: dict, train_s: float, iteration: int, env_steps: int, rewa
         "fall_rate": mean("fall_rate", report["rows"]),
         "terrain_level": sum(levels) / len(levels) if levels else None,
     }
-    row["goal"] = bool(forward and row["forward_error"] is not None and row["forward_error"] < WALK_ERROR
-                       and row["fall_rate"] < WALK_FALLS)
+    row["goal"] = evaluation.goal_met(report)
     return row
 
 
@@ -122,11 +117,11 @@ def plot_tracking(rows: list[dict], minutes: list[float], top, middle) -> None:
                        ("mean_yaw_error", "mean |yaw rate error| [rad/s]")):
         if rows[0][key] is not None:
             top.plot(minutes, [r[key] for r in rows], marker="o", label=label)
-    top.axhline(WALK_ERROR, color="0.5", linestyle="--", linewidth=1)
+    top.axhline(evaluation.WALK_ERROR, color="0.5", linestyle="--", linewidth=1)
     top.set_ylabel("tracking error")
     top.legend(fontsize=8, loc="best")
     middle.plot(minutes, [100 * r["fall_rate"] for r in rows], marker="o", color="tab:red")
-    middle.axhline(100 * WALK_FALLS, color="0.5", linestyle="--", linewidth=1)
+    middle.axhline(100 * evaluation.WALK_FALLS, color="0.5", linestyle="--", linewidth=1)
     middle.set_ylabel("falls [%]")
 
 
@@ -288,7 +283,7 @@ def main():
     confirmed = [a for a, b in zip(rows, rows[1:]) if a["goal"] and b["goal"]]  # met at two in a row
     met = (confirmed[0] if confirmed else None) if args.stop_at_goal else next((r for r in rows if r["goal"]), None)
     goal = ({"success_rate_at_least": args.success_goal} if "success_rate" in rows[0] else
-            {"forward_error_below": WALK_ERROR, "falls_below": WALK_FALLS})
+            {"forward_error_below": evaluation.WALK_ERROR, "falls_below": evaluation.WALK_FALLS})
     mode = cfg.agent.mode if cfg.agent.learner == "ppo" else cfg.agent.learner
     result = {"task": args.task, "robot": cfg.task.scene.robot.file, "mode": mode,
               "num_envs": cfg.sim.num_envs, "ranks": args.nproc,

@@ -445,6 +445,21 @@ class Video:
 
 
 @dataclass
+class StopWhen:
+    """``agent.stop_when``: training stops once the policy meets its task's goal, measured as
+    ``legion eval`` measures it (locomotion: forward tracking error below 0.1 m/s and falls below
+    5% over the evaluation commands; goal tasks: a success rate of at least ``success_rate``) at
+    ``confirm`` evaluations in a row, with a checkpoint of that policy."""
+
+    goal: bool = False  # evaluate while training and stop at the goal (else only max_iterations stops it)
+    every_min: float = 2.0  # minutes of training between evaluations (evaluating does not count)
+    confirm: int = 2  # evaluations in a row that must meet the goal
+    success_rate: float = 0.97  # goal tasks' goal
+    envs_per_command: int = 16  # evaluation envs per command (goal tasks: envs for the episodes)
+    episodes: int = 100  # goal tasks: episodes per evaluation
+
+
+@dataclass
 class Symmetry:
     """rsl-rl's symmetry extension (Mittal et al. 2024) with the robot's mirror map (robot.mirror):
     mirrored copies of every mini-batch and/or a loss on the policy's disagreement with its own
@@ -539,6 +554,7 @@ class Agent:
     logger: str = "tensorboard"
     wandb_project: str = "legion-rl"
     video: Video = field(default_factory=Video)
+    stop_when: StopWhen = field(default_factory=StopWhen)
     random_episode_start: bool = False  # each learn() starts the envs at random steps of their episodes
     max_nonfinite_fraction: float = 0.1  # stop (with a checkpoint) when more envs' physics goes NaN in one step
     # An update that makes a loss or the weights NaN/Inf is skipped (the weights from before it are

@@ -404,6 +404,86 @@ def evaluate(run: str | Path, options: Options | None = None, checkpoint=None, o
     return measure(load(run, options, checkpoint, overrides), options)
 
 
+WALK_ERROR, WALK_FALLS = 0.1, 0.05  # the walking goal: forward tracking error [m/s], share of envs that fell
+
+
+def goal_met(report: dict, success_rate: float = 0.97) -> bool:
+    """Whether :func:`measure`'s report meets its task's goal: a goal task's success rate at least
+    ``success_rate``; a locomotion task walks (the forward command tracked within ``WALK_ERROR`` and
+    fewer than ``WALK_FALLS`` of the envs fallen, on average over the commands)."""
+    if report["kind"] in GOAL_COMMANDS:
+        return report["rows"][0]["success_rate"] >= success_rate
+    forward = next((r for r in report["rows"] if r["command"] == "forward"), None)
+    falls = [r["fall_rate"] for r in report["rows"] if r["fall_rate"] is not None]
+    return bool(forward and forward["vel_error_xy"] is not None and forward["vel_error_xy"] < WALK_ERROR
+                and falls and sum(falls) / len(falls) < WALK_FALLS)
+
+
+def goal_line(report: dict) -> str:
+    """The goal's measures in a few words."""
+    if report["kind"] in GOAL_COMMANDS:
+        return f"success {report['rows'][0]['success_rate']:.1%}"
+    forward = next((r for r in report["rows"] if r["command"] == "forward"), None)
+    error = "-" if not forward or forward["vel_error_xy"] is None else f"{forward['vel_error_xy']:.3f} m/s"
+    falls = [r["fall_rate"] for r in report["rows"] if r["fall_rate"] is not None]
+    return f"forward error {error}, falls {sum(falls) / max(len(falls), 1):.0%}"
+
+
+class StopAtGoal:
+    """``agent.stop_when.goal``: after every ``every_min`` minutes of training, the policy is saved
+    and measured as ``legion eval`` does (:func:`load`, :func:`measure`: an env of its own, built at
+    the first evaluation; noise off, randomization as trained); once :func:`goal_met` holds at
+    ``confirm`` evaluations in a row it raises :class:`GoalReached`. A
+    :class:`~legion.agents.runner.Runner` calls it after each iteration (``on_iteration``)."""
+
+    def __init__(self, run_dir: Path, cfg, say=print):
+        import time
+
+        stop = cfg.agent.stop_when
+        self.run_dir, self.stop, self.say = Path(run_dir), stop, say
+        self.options = Options(envs_per_command=stop.envs_per_command, episodes=stop.episodes)
+        self.loaded: LoadedRun | None = None
+        self.streak, self.evaluations = 0, 0
+        self.clock, self.trained_s = time.perf_counter(), 0.0  # training time: evaluations excluded
+
+    def __call__(self, runner, iteration: int) -> None:
+        import time
+
+        now = time.perf_counter()
+        self.trained_s += now - self.clock
+        self.clock = now
+        if self.trained_s < 60 * self.stop.every_min * (self.evaluations + 1):
+            return
+        path = runner.save()
+        if self.loaded is None:
+            self.loaded = load(self.run_dir, self.options, path)
+        else:
+            self.loaded.runner.load(path, episodes=False)
+            self.loaded.checkpoint = path
+        report = measure(self.loaded, self.options)
+        self.evaluations += 1
+        met = goal_met(report, self.stop.success_rate)
+        self.streak = self.streak + 1 if met else 0
+        self.say(f"[legion] evaluation {self.evaluations} at {self.trained_s / 60:.1f} min of training (iteration "
+                 f"{iteration}): {goal_line(report)}: goal {'met' if met else 'not met'}"
+                 f"{f' ({self.streak} of {self.stop.confirm} in a row)' if met else ''}", flush=True)
+        self.clock = time.perf_counter()
+        if self.streak >= self.stop.confirm:
+            raise GoalReached(path, self.trained_s, report)
+
+    def close(self) -> None:
+        if self.loaded is not None:
+            self.loaded.env.close()
+
+
+class GoalReached(Exception):
+    """Training met its goal (``agent.stop_when``); ``checkpoint`` holds that policy."""
+
+    def __init__(self, checkpoint: Path, trained_s: float, report: dict):
+        super().__init__(f"goal met: {goal_line(report)}")
+        self.checkpoint, self.trained_s, self.report = checkpoint, trained_s, report
+
+
 def table(report: dict) -> str:
     """The report's rows as a text table (numbers to 3 decimals; ``-`` for none)."""
     rows = report["rows"]

@@ -123,3 +123,29 @@ def test_on_rough_terrain_eval_reports_the_levels_the_checkpoint_reached_and_hol
     report = evaluate(tmp_path, options)
     levels = [row["terrain_level"] for row in report["rows"]]
     assert sum(levels) / 3 == pytest.approx(1.5) and all(1.0 <= level <= 2.0 for level in levels)
+
+
+def test_training_stops_once_the_goal_holds_at_two_evaluations_in_a_row(tmp_path, monkeypatch):
+    """agent.stop_when.goal: measured as legion eval measures it. A goal every policy meets (success
+    rate >= 0) stops the run at its second evaluation with that checkpoint; one no policy meets
+    (> 100%) lets it run to max_iterations; a task without a measured goal is refused."""
+    from conftest import legion_in_process
+
+    monkeypatch.chdir(tmp_path)
+    small = ("task=arm_reach", "sim.num_envs=8", "agent.num_steps_per_env=4", "agent.max_iterations=4",
+             "agent.stop_when.goal=true", "agent.stop_when.every_min=0", "agent.stop_when.envs_per_command=4",
+             "agent.stop_when.episodes=4")
+    code, out, err = legion_in_process("train", *small, "agent.stop_when.success_rate=0")
+    assert code == 0, err[-2000:]
+    assert "until it meets its goal at 2 evaluations in a row (every 0 min of training) or 4 iterations" in out
+    assert "evaluation 1 at" in out and "goal met (1 of 2 in a row)" in out and "goal met (2 of 2 in a row)" in out
+    run = next((tmp_path / "runs" / "arm_reach").iterdir())
+    assert "goal met at" in out and f"the policy is {(run / 'model_2.pt').relative_to(tmp_path)}" in out
+    assert sorted(p.name for p in run.glob("model_*.pt")) == ["model_1.pt", "model_2.pt"]  # each one evaluated
+
+    code, out, err = legion_in_process("train", *small, "agent.stop_when.success_rate=1.01")
+    assert code == 0, err[-2000:]
+    assert out.count("goal not met") == 4 and "goal met at" not in out
+
+    code, _, err = legion_in_process("train", "task=cartpole", "agent.stop_when.goal=true")
+    assert code != 0 and "agent.stop_when.goal: task cartpole has no goal that legion eval measures" in err

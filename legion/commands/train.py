@@ -110,6 +110,18 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
         elif cfg.agent.mode in ("sync", "async"):
             learner = f"{cfg.agent.mode} PPO (update in {update_precision(cfg.agent, cfg.device)})"
         iterations = "until stopped" if cfg.agent.max_iterations is None else f"{cfg.agent.max_iterations} iterations"
+        stop = cfg.agent.stop_when
+        if stop.goal:
+            from legion.evaluation import METRICS
+
+            if cfg.task.command is None or cfg.task.command.type not in METRICS:
+                raise RunError(f"agent.stop_when.goal: task {cfg.task.name} has no goal that legion eval measures (a "
+                               f"velocity, pose or position command); train it with agent.stop_when.goal=false.")
+            if group is not None:
+                raise RunError("agent.stop_when.goal evaluates in one process: with torchrun ranks, stop with "
+                               "agent.max_iterations (or agent.stop_when.goal=false).")
+            iterations = (f"until it meets its goal at {stop.confirm} evaluations in a row (every {stop.every_min:g} "
+                          f"min of training) or {iterations}")
         say(f"[legion] task {cfg.task.name}, {cfg.sim.num_envs} envs{ranks} on {cfg.device}, {iterations}, "
             f"{learner}; run folder {run_dir}", flush=True)
         seed_everything(cfg.seed)
@@ -139,6 +151,10 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
                 from legion.sim2real.trajectories.record import TrainingVideo
 
                 runner.on_iteration.append(TrainingVideo(run_dir, cfg, make_env))
+            if stop.goal:
+                from legion.evaluation import StopAtGoal
+
+                runner.on_iteration.append(StopAtGoal(run_dir, cfg))
         except BaseException:
             if new:  # a run that never started leaves no folder behind (all in it was written just now)
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -151,8 +167,13 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
             runner.load(path, contents)
             rate = f" (learning rate {runner.ppo.learning_rate:.3g})" if cfg.agent.learner == "ppo" else ""
             say(f"[legion] resumed from {path} at iteration {runner.iteration}{rate}", flush=True)
+        from legion.evaluation import GoalReached
+
         try:
             runner.learn(cfg.agent.max_iterations)
+        except GoalReached as e:
+            say(f"[legion] goal met at {e.trained_s / 60:.1f} min of training, iteration {runner.iteration} ({e}): "
+                f"the policy is {e.checkpoint}", flush=True)
         except Interrupted as e:
             from legion.agents.checkpoints import checkpoints
 
