@@ -469,7 +469,7 @@ class StopAtGoal:
                  f"{f' ({self.streak} of {self.stop.confirm} in a row)' if met else ''}", flush=True)
         self.clock = time.perf_counter()
         if self.streak >= self.stop.confirm:
-            raise GoalReached(path, self.trained_s, report)
+            raise GoalReached(path, iteration, self.trained_s, report)
 
     def close(self) -> None:
         if self.loaded is not None:
@@ -477,11 +477,12 @@ class StopAtGoal:
 
 
 class GoalReached(Exception):
-    """Training met its goal (``agent.stop_when``); ``checkpoint`` holds that policy."""
+    """Training met its goal (``agent.stop_when``) at ``iteration``; ``checkpoint`` holds that policy
+    (an asynchronous learner may have gone on an iteration or two while stopping)."""
 
-    def __init__(self, checkpoint: Path, trained_s: float, report: dict):
+    def __init__(self, checkpoint: Path, iteration: int, trained_s: float, report: dict):
         super().__init__(f"goal met: {goal_line(report)}")
-        self.checkpoint, self.trained_s, self.report = checkpoint, trained_s, report
+        self.checkpoint, self.iteration, self.trained_s, self.report = checkpoint, iteration, trained_s, report
 
 
 def table(report: dict) -> str:

@@ -172,7 +172,7 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
         try:
             runner.learn(cfg.agent.max_iterations)
         except GoalReached as e:
-            say(f"[legion] goal met at {e.trained_s / 60:.1f} min of training, iteration {runner.iteration} ({e}): "
+            say(f"[legion] goal met at {e.trained_s / 60:.1f} min of training, iteration {e.iteration} ({e}): "
                 f"the policy is {e.checkpoint}", flush=True)
         except Interrupted as e:
             from legion.agents.checkpoints import checkpoints
