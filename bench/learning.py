@@ -263,10 +263,13 @@ def main():
     next_eval = train_s + every
     # Seconds per iteration, of the latest chunk: an iteration slows by half once the policy touches
     # and grasps (contacts), so chunks are re-planned every few minutes at most.
-    per_iteration = None
+    per_iteration, chunk = None, 1
     while train_s < budget - (per_iteration or 0) / 2:  # as the evaluation below: within half an iteration
         target = min(next_eval, budget)
-        chunk = share(1 if per_iteration is None else max(1, round(min(target - train_s, 180) / per_iteration)))
+        # ... and grow at most 4x a chunk: the first iterations can be far quicker than the rest (a
+        # resumed DAgger student gathers samples before it updates).
+        chunk = share(1 if per_iteration is None else
+                      max(1, min(4 * chunk, round(min(target - train_s, 180) / per_iteration))))
         start = time.perf_counter()
         runner.learn(runner.iteration + chunk)
         per_iteration = (time.perf_counter() - start) / chunk
