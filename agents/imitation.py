@@ -67,6 +67,17 @@ class ImitationRunner(Runner):
         self.optimizer = torch.optim.Adam(actor.parameters(), lr=self.imitation.learning_rate)
         self.generator = torch.Generator(device=device).manual_seed(0)
 
+    def _policy_state(self) -> dict:
+        """PPO's (the actor, its normalizer) and the imitation's own optimizer (Adam's moments)."""
+        return {**super()._policy_state(), "imitation_optimizer": self.optimizer.state_dict()}
+
+    def _load_policy_state(self, state: dict) -> None:
+        super()._load_policy_state(state)
+        if "imitation_optimizer" in state:  # (a checkpoint of PPO's, or an older one: a fresh Adam)
+            self.optimizer.load_state_dict(state["imitation_optimizer"])
+            for group in self.optimizer.param_groups:  # the config's rate: a resume may change it
+                group["lr"] = self.imitation.learning_rate
+
     def _rollout(self, obs: TensorDict, requests) -> TensorDict:
         """``num_steps_per_env`` steps of the student (of the expert, in DAgger's first
         iteration); with an expert, its labels of the states join the data."""

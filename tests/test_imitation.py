@@ -69,6 +69,9 @@ def test_a_resumed_dagger_student_gathers_an_episode_of_samples_before_it_learns
     checkpoint = first.save(tmp_path / "model_2.pt")
     resumed = make_runner(*short, env=first.env)
     resumed.load(checkpoint)
+    moments = [state["exp_avg"] for state in resumed.optimizer.state_dict()["state"].values()]
+    saved = [state["exp_avg"] for state in first.optimizer.state_dict()["state"].values()]
+    assert len(moments) == len(saved) > 0 and all(torch.equal(a, b) for a, b in zip(moments, saved))  # Adam's too
     weights = [p.detach().clone() for p in resumed.ppo.actor.parameters()]
     per_iteration, episode = 8 * 8, 8 * 50  # envs x steps; envs x steps of an episode
     resumed.learn(2 + episode // per_iteration)  # 6 iterations: 384 samples, fewer than an episode's
