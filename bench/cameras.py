@@ -7,6 +7,13 @@ camera (off; depth or RGB at each resolution; depth every ``--period`` steps): e
 LegionEnv.step with random actions, frames/s, and the env step's time over the camera-off one.
 
     python bench/cameras.py [--num-envs 64 256 1024] [--steps 20] [--sizes 64 128] [--period 4] [--device cuda:0]
+
+``--renderers``: instead, the two renderers of a depth camera on the CPU, in arm_lift_camera's scene
+(the arm, the table and the cube: its visible shapes are its colliding ones), its front camera at
+each size: the C backend casts the rays with MuJoCo's mj_multiRay on every core, the Warp backend
+renders with SensorCamera. A frame's cost is the env step's time with the camera less without it.
+
+    python bench/cameras.py --renderers [--num-envs 64 256] [--sizes 48 64 128]
 """
 
 import argparse
@@ -26,10 +33,10 @@ class Camera(NamedTuple):
     period: int  # control steps per frame
 
 
-def step_rate(num_envs: int, steps: int, camera: Camera | None, device: str) -> float:
+def step_rate(num_envs: int, steps: int, camera: Camera | None, device: str, overrides=()) -> float:
     """Env-steps/s of ``steps`` control steps, after two warm-up ones (kernels loaded, first frame)."""
-    overrides = [*TASK, f"sim.num_envs={num_envs}", f"device={device}"]
-    if camera is not None:
+    overrides = [*(overrides or TASK), f"sim.num_envs={num_envs}", f"device={device}"]
+    if camera is not None and not overrides[0].startswith("task=arm_lift_camera"):
         overrides += [f"+task.scene.cameras.front={CAMERA.format(**camera._asdict())}",
                       f"+task.observations.policy_camera={{image: {{func: {TERMS[camera.channel]}, "
                       "params: {camera: front}}}"]
@@ -47,6 +54,25 @@ def step_rate(num_envs: int, steps: int, camera: Camera | None, device: str) -> 
         return num_envs * steps / (time.perf_counter() - start)
 
 
+def renderers(num_envs: list[int], sizes: list[int], steps: int) -> None:
+    """The ``--renderers`` table (module docstring)."""
+    rows = []
+    for n in num_envs:
+        for size in sizes:
+            for backend, renderer in (("c", "mj_multiRay (C backend, every core)"), ("warp", "SensorCamera (Warp)")):
+                task = ["task=arm_lift_camera", f"sim.backend={backend}"]
+                off = step_rate(n, steps, None, "cpu", [*task, "~task.observations.policy_depth",
+                                                          "task.scene.cameras={}"])
+                size_it = [f"task.scene.cameras.front.width={size}", f"task.scene.cameras.front.height={size}"]
+                on = step_rate(n, steps, Camera("depth", size, 1), "cpu", [*task, *size_it])
+                frames = 1.0 / (1.0 / on - 1.0 / off)
+                rows.append({"num_envs": n, "depth": f"{size}x{size}", "renderer": renderer, "env_steps_per_s": on,
+                             "frames_per_s": frames})
+                print(f"  {n} envs, {size}x{size}, {renderer}: {frames:,.0f} frames/s", flush=True)
+    print_table(rows)
+    write_json("camera_renderers", rows, task="arm_lift_camera", steps=steps)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-envs", type=int, nargs="+", default=[64, 256])
@@ -54,7 +80,11 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--period", type=int, default=4, help="the depth camera's period in the 'every N' rows")
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
+    parser.add_argument("--renderers", action="store_true", help="compare mj_multiRay and SensorCamera (docstring)")
     args = parser.parse_args()
+    if args.renderers:
+        renderers(args.num_envs, args.sizes, args.steps)
+        return
     cameras = [None, *(Camera(c, s, 1) for s in args.sizes for c in ("depth", "rgb")),
                Camera("depth", args.sizes[0], args.period)]
     rows = []

@@ -174,6 +174,26 @@ def test_image_latency_shows_each_world_the_frame_of_steps_ago_and_a_new_episode
         assert torch.equal(late.get_observations()["camera"], now.get_observations()["camera"])
 
 
+def test_on_the_c_backend_mujoco_ray_casts_a_depth_camera_as_newton_renders_it():
+    """arm_lift_camera's scene (its visible shapes are its colliding ones): the C backend casts the
+    camera's rays with mj_multiRay on its threads; the images are Newton's SensorCamera's (1 mm), a
+    cube moved per world included. A scene with visual-only meshes (the Go2's) keeps SensorCamera."""
+    images = {}
+    for backend in ("c", "warp"):
+        env = make_env("task=arm_lift_camera", "sim.num_envs=4", f"sim.backend={backend}")
+        assert env.sim.cameras.renderer("front") == ("mj_multiRay" if backend == "c" else "SensorCamera")
+        with torch.inference_mode():
+            for _ in range(3):  # the arm moves, reset events placed the cube per world
+                env.step(0.5 * torch.ones(4, env.num_actions))
+            images[backend] = env.sim.cameras.depth("front").clone()
+    near = (images["c"] - images["warp"]).abs() < 1e-3
+    assert near.float().mean() > 0.999 and (images["c"] > 0).float().mean() > 0.9
+    assert torch.unique(images["c"].flatten(1), dim=0).shape[0] == 4  # each world its own cube place
+    go2 = NewtonSim(compose("task=quadruped_flat", "robot=go2", FRONT).task.scene, num_envs=1, dt=0.005,
+                    decimation=4, backend="c")
+    assert go2.cameras.renderer("front") == "SensorCamera"
+
+
 def test_ppo_keeps_its_rollout_images_in_float16_and_learns_from_them():
     """Half the memory of a rollout's images; the update reads them through the image normalizer."""
     from conftest import make_runner

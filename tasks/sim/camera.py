@@ -1,5 +1,8 @@
 """Cameras in every world: Newton's ray-traced ``SensorCamera``, one render call per camera for
 all worlds at once, on the simulation's device (Warp's CPU or CUDA kernels), images kept there.
+On the C backend a depth-only camera in a scene whose visible shapes are its colliding shapes is
+ray cast by MuJoCo's ``mj_multiRay`` instead, in the threads that step the worlds (every core;
+the same image: Warp's CPU kernels run on one thread).
 
 Conventions, one definition from training to the robot:
 
@@ -103,6 +106,7 @@ class Cameras:
     """
 
     def __init__(self, sim, scene, lock):
+        from newton import ShapeFlags
         from newton.sensors import SensorCamera
 
         self.sim, self.cfgs, self._lock = sim, dict(scene.cameras), lock
@@ -142,6 +146,21 @@ class Cameras:
         self._fresh = {(name, c): torch.ones(n, dtype=torch.bool, device=device)
                        for name, cam in self.cfgs.items() for c in cam.channels}  # reset since: no past frames
         self._gl = torch.tensor(GL_IN_CAMERA, device=device)
+        # On the C backend a depth-only camera is ray cast by MuJoCo's mj_multiRay on every core
+        # (Warp's CPU kernels, SensorCamera's, run on one thread): its pixels' rays in our frame.
+        # MuJoCo's model holds the colliding shapes and the camera sees the visible ones: only where
+        # they are the same shapes (no visual-only mesh, no invisible collider) is that one image.
+        self._multiray = {}
+        flags = sim.model.shape_flags.numpy()
+        seen = (flags & int(ShapeFlags.VISIBLE)) != 0
+        collides = (flags & int(ShapeFlags.COLLIDE_SHAPES)) != 0
+        if torch.device(device).type == "cpu" and (seen == collides)[(flags & int(ShapeFlags.SITE)) == 0].all():
+            for name, cam in self.cfgs.items():
+                if list(cam.channels) == ["depth"]:
+                    rays = wp.to_torch(self._rays[name])[:, :, 0, 1].reshape(-1, 3).double()  # (H W, 3), GL frame
+                    rays = quat_rotate(self._gl.double().expand(len(rays), 4), rays)
+                    self._multiray[name] = (rays / rays.norm(dim=1, keepdim=True)).numpy()
+
         self._steps = torch.zeros((), dtype=torch.long)  # control steps so far (on the host: read freely)
         self._refitted = -1
         self._poses = wp.zeros(n, dtype=wp.transformf, device=device)
@@ -152,6 +171,11 @@ class Cameras:
 
     def __contains__(self, name: str) -> bool:
         return name in self.cfgs
+
+    def renderer(self, name: str) -> str:
+        """What renders camera ``name``: "mj_multiRay" (the C backend, see the module docstring) or
+        "SensorCamera"."""
+        return "mj_multiRay" if name in self._multiray and self.sim.solver.backend == "c" else "SensorCamera"
 
     def tick(self) -> None:
         """After a control step: the cameras whose period came round are due in every world."""
@@ -186,10 +210,12 @@ class Cameras:
                 self._pushed.pop((name, c), None)
         self.latency[name].copy_(torch.where(worlds, steps, self.latency[name]))
 
-    def pose(self, name: str) -> torch.Tensor:
+    def pose(self, name: str, gl: bool = True) -> torch.Tensor:
         """(num_envs, 7) the camera's pose in the world (position [m], quaternion x, y, z, w) in
-        Newton's frame convention (looking along -z)."""
-        pos, quat = self.mount_pos[name], quat_mul(self.mount_quat[name], self._gl.expand_as(self.mount_quat[name]))
+        Newton's frame convention (looking along -z), or with ``gl=False`` in ours (along +x)."""
+        pos, quat = self.mount_pos[name], self.mount_quat[name]
+        if gl:
+            quat = quat_mul(quat, self._gl.expand_as(quat))
         body = self._body[name]
         if body is None:
             return torch.cat([pos, quat], dim=-1)
@@ -250,6 +276,16 @@ class Cameras:
         if torch.device(self.sim.device).type == "cpu" and not bool(due.any()):
             return
         cam, images = self.cfgs[name], self._images[name]
+        if self.renderer(name) == "mj_multiRay":
+            link = self.pose(name, gl=False).double().numpy()
+            depth = wp.to_torch(images["depth"]).view(self.sim.num_envs, -1).numpy()
+            with self._lock:
+                self.sim.solver.depth_images(self.sim.state, self.sim.control, link[:, :3].copy(), link[:, 3:].copy(),
+                                             self._multiray[name], due.nonzero().squeeze(1).numpy(), depth, cam.far)
+            depth_t = wp.to_torch(images["depth"])
+            depth_t.masked_fill_((depth_t < cam.near) | (depth_t > cam.far), 0.0)
+            due.fill_(False)
+            return
         self._poses_t.copy_(self.pose(name))
         torch.where(due, self._world, self._skip, out=wp.to_torch(self._world_indices))
         outputs = {"depth": "forward_depth_image", "rgb": "color_image"}

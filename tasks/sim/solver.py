@@ -680,6 +680,44 @@ class MuJoCoC(MuJoCo):
                 sensor_acc(sensing, d)
                 copy_bytes(out + world * out_bytes, sensordata, nbytes)
 
+    def depth_images(self, state, control, positions: np.ndarray, quats: np.ndarray, directions: np.ndarray,
+                     worlds: np.ndarray, out: np.ndarray, far: float) -> None:
+        """One camera's planar depth in ``worlds`` by MuJoCo's ``mj_multiRay``, on every core (the
+        threads that step the worlds; the GIL is released for each world's rays).
+
+        Args:
+            state, control: Newton's, the worlds' poses of now (a world just reset included).
+            positions: (num_envs, 3) [m] the camera in each world; quats: (num_envs, 4) (x, y, z, w)
+                its orientation, its x forward.
+            directions: (R, 3) unit rays in the camera's frame; the depth is along its x.
+            worlds: the worlds to render (indices). out: (num_envs, R) float32, written in them:
+                planar depth [m], 0 where no surface is within ``far`` along the ray.
+        """
+        self._push(state, control)  # Newton's state of now -> the worlds' qpos (reset worlds too)
+        qpos = self._d["qpos"]
+        w, xyz = quats[:, 3:4], quats[:, :3]  # rotate the rays into each world: v + 2 w (u x v) + 2 u x (u x v)
+        lib, values = self._lib, self._world_values
+
+        def render(thread: int, share: np.ndarray) -> None:
+            model, data = self._thread_models[thread], self._datas[thread]
+            memory, slots = self._writes[thread]
+            geomid, dist = np.zeros(len(directions), np.int32), np.zeros(len(directions))
+            for world in share:
+                if slots.size:
+                    memory[slots] = values[world]  # its own sizes (a randomized cube's)
+                data.qpos[:] = qpos[world]
+                lib.mj_kinematics(model._address, data._address)
+                cross = np.cross(xyz[world], directions)
+                rays = directions + 2 * w[world] * cross + 2 * np.cross(xyz[world], cross)
+                lib.mj_multiRay(model._address, data._address, positions[world].ctypes.data,
+                                np.ascontiguousarray(rays).ctypes.data, None, 1, -1, geomid.ctypes.data,
+                                dist.ctypes.data, None, len(directions), far)
+                out[world] = np.where(dist >= 0, dist * directions[:, 0], 0.0)
+
+        shares = np.array_split(worlds, len(self._shares))
+        for _ in self._pool.map(render, range(len(shares)), shares):
+            pass  # re-raises a thread's exception
+
     def _warning_count(self) -> int:
         return sum(int(data.warning[w].number) for data in self._datas for w in self._full)
 
@@ -747,8 +785,8 @@ def _started_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
 @functools.cache
 def _mujoco_library() -> ctypes.CDLL:
     """The C library the ``mujoco`` package wraps, with ``mj_setState``, ``mj_getState``,
-    ``mj_sensorAcc`` and ``mj_step`` typed as ctypes functions taking raw addresses
-    (``MjModel._address``)."""
+    ``mj_sensorAcc``, ``mj_step``, ``mj_kinematics`` and ``mj_multiRay`` typed as ctypes functions
+    taking raw addresses (``MjModel._address``)."""
     import mujoco
 
     folder = Path(mujoco.__file__).parent
@@ -756,8 +794,11 @@ def _mujoco_library() -> ctypes.CDLL:
                                for path in folder.glob(pattern))))
     pointer, spec = ctypes.c_void_p, ctypes.c_int
     lib.mj_setState.argtypes = lib.mj_getState.argtypes = [pointer, pointer, pointer, spec]
-    lib.mj_sensorAcc.argtypes = lib.mj_step.argtypes = [pointer, pointer]
-    for function in (lib.mj_setState, lib.mj_getState, lib.mj_sensorAcc, lib.mj_step):
+    lib.mj_sensorAcc.argtypes = lib.mj_step.argtypes = lib.mj_kinematics.argtypes = [pointer, pointer]
+    lib.mj_multiRay.argtypes = [pointer, pointer, pointer, pointer, pointer, ctypes.c_ubyte, ctypes.c_int, pointer,
+                                pointer, pointer, ctypes.c_int, ctypes.c_double]
+    for function in (lib.mj_setState, lib.mj_getState, lib.mj_sensorAcc, lib.mj_step, lib.mj_kinematics,
+                     lib.mj_multiRay):
         function.restype = None
     return lib
 
