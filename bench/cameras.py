@@ -59,8 +59,10 @@ def renderers(num_envs: list[int], sizes: list[int], steps: int) -> None:
     rows = []
     for n in num_envs:
         for size in sizes:
-            for backend, renderer in (("c", "mj_multiRay (C backend, every core)"), ("warp", "SensorCamera (Warp)")):
-                task = ["task=arm_lift_camera", f"sim.backend={backend}"]
+            for backend, threads, renderer in (("c", 1, "mj_multiRay (C backend, 1 thread)"),
+                                               ("c", 0, "mj_multiRay (C backend, every core)"),
+                                               ("warp", 0, "SensorCamera (Warp)")):
+                task = ["task=arm_lift_camera", f"sim.backend={backend}", f"sim.threads={threads}"]
                 off = step_rate(n, steps, None, "cpu", [*task, "~task.observations.policy_depth",
                                                           "task.scene.cameras={}"])
                 size_it = [f"task.scene.cameras.front.width={size}", f"task.scene.cameras.front.height={size}"]
