@@ -143,6 +143,8 @@ class Cameras:
         self.latency = {name: torch.zeros(n, dtype=torch.long, device=device) for name in self.cfgs}
         self._past: dict[str, dict[str, torch.Tensor]] = {}
         self._pushed: dict[tuple[str, str], int] = {}  # the step whose frame a ring holds last
+        # The rings' step count on the device: a captured control step (CUDA) replays its increment.
+        self._ring_step = torch.zeros((), dtype=torch.long, device=device)
         self._fresh = {(name, c): torch.ones(n, dtype=torch.bool, device=device)
                        for name, cam in self.cfgs.items() for c in cam.channels}  # reset since: no past frames
         self._gl = torch.tensor(GL_IN_CAMERA, device=device)
@@ -180,6 +182,7 @@ class Cameras:
     def tick(self) -> None:
         """After a control step: the cameras whose period came round are due in every world."""
         self._steps += 1
+        self._ring_step += 1
         steps = int(self._steps)
         for name, cam in self.cfgs.items():
             if steps % cam.period == 0:
@@ -240,12 +243,12 @@ class Cameras:
             return frame
         ring, step = self._past[name][channel], int(self._steps)
         if self._pushed.get((name, channel)) != step:
-            ring[step % len(ring)] = frame
+            ring.index_copy_(0, (self._ring_step % len(ring)).view(1), frame.unsqueeze(0))
             fresh = self._fresh[(name, channel)]
             ring.copy_(torch.where(fresh.view(1, -1, *[1] * (frame.dim() - 1)), frame.unsqueeze(0), ring))
             fresh.fill_(False)
             self._pushed[(name, channel)] = step
-        return ring[(step - self.latency[name]) % len(ring), self._world.long()]
+        return ring[(self._ring_step - self.latency[name]) % len(ring), self._world.long()]
 
     def state_views(self) -> dict[str, torch.Tensor]:
         """What the cameras carry from step to step, as live views (a checkpoint's part of
@@ -259,7 +262,7 @@ class Cameras:
             views |= {f"cameras.{name}.{k}": v for k, v in self.noise[name].items()}
             views |= {f"cameras.{name}.{c}": wp.to_torch(image) for c, image in self._images[name].items()}
             if name in self._past:  # a late camera (without: the state of a camera before latencies existed)
-                views |= {f"cameras.{name}.latency": self.latency[name]}
+                views |= {f"cameras.{name}.latency": self.latency[name], "cameras.ring_step": self._ring_step}
                 views |= {f"cameras.{name}.past_{c}": ring for c, ring in self._past[name].items()}
         return views
 
