@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -407,26 +408,30 @@ def evaluate(run: str | Path, options: Options | None = None, checkpoint=None, o
 WALK_ERROR, WALK_FALLS = 0.1, 0.05  # the walking goal: forward tracking error [m/s], share of envs that fell
 
 
+def _walking(report: dict) -> tuple[float | None, float]:
+    """A locomotion report's forward tracking error [m/s] (None: every env fell first) and its
+    share of fallen envs, on average over the commands."""
+    forward = next((r for r in report["rows"] if r["command"] == "forward"), None)
+    falls = [r["fall_rate"] for r in report["rows"] if r["fall_rate"] is not None]
+    return forward and forward["vel_error_xy"], sum(falls) / max(len(falls), 1)
+
+
 def goal_met(report: dict, success_rate: float = 0.97) -> bool:
     """Whether :func:`measure`'s report meets its task's goal: a goal task's success rate at least
     ``success_rate``; a locomotion task walks (the forward command tracked within ``WALK_ERROR`` and
     fewer than ``WALK_FALLS`` of the envs fallen, on average over the commands)."""
     if report["kind"] in GOAL_COMMANDS:
         return report["rows"][0]["success_rate"] >= success_rate
-    forward = next((r for r in report["rows"] if r["command"] == "forward"), None)
-    falls = [r["fall_rate"] for r in report["rows"] if r["fall_rate"] is not None]
-    return bool(forward and forward["vel_error_xy"] is not None and forward["vel_error_xy"] < WALK_ERROR
-                and falls and sum(falls) / len(falls) < WALK_FALLS)
+    error, falls = _walking(report)
+    return error is not None and error < WALK_ERROR and falls < WALK_FALLS
 
 
 def goal_line(report: dict) -> str:
     """The goal's measures in a few words."""
     if report["kind"] in GOAL_COMMANDS:
         return f"success {report['rows'][0]['success_rate']:.1%}"
-    forward = next((r for r in report["rows"] if r["command"] == "forward"), None)
-    error = "-" if not forward or forward["vel_error_xy"] is None else f"{forward['vel_error_xy']:.3f} m/s"
-    falls = [r["fall_rate"] for r in report["rows"] if r["fall_rate"] is not None]
-    return f"forward error {error}, falls {sum(falls) / max(len(falls), 1):.0%}"
+    error, falls = _walking(report)
+    return f"forward error {'-' if error is None else f'{error:.3f} m/s'}, falls {falls:.0%}"
 
 
 class StopAtGoal:
@@ -436,19 +441,15 @@ class StopAtGoal:
     ``confirm`` evaluations in a row it raises :class:`GoalReached`. A
     :class:`~legion.agents.runner.Runner` calls it after each iteration (``on_iteration``)."""
 
-    def __init__(self, run_dir: Path, cfg, say=print):
-        import time
-
+    def __init__(self, run_dir: Path, cfg):
         stop = cfg.agent.stop_when
-        self.run_dir, self.stop, self.say = Path(run_dir), stop, say
+        self.run_dir, self.stop = Path(run_dir), stop
         self.options = Options(envs_per_command=stop.envs_per_command, episodes=stop.episodes)
         self.loaded: LoadedRun | None = None
         self.streak, self.evaluations = 0, 0
         self.clock, self.trained_s = time.perf_counter(), 0.0  # training time: evaluations excluded
 
     def __call__(self, runner, iteration: int) -> None:
-        import time
-
         now = time.perf_counter()
         self.trained_s += now - self.clock
         self.clock = now
@@ -464,7 +465,7 @@ class StopAtGoal:
         self.evaluations += 1
         met = goal_met(report, self.stop.success_rate)
         self.streak = self.streak + 1 if met else 0
-        self.say(f"[legion] evaluation {self.evaluations} at {self.trained_s / 60:.1f} min of training (iteration "
+        print(f"[legion] evaluation {self.evaluations} at {self.trained_s / 60:.1f} min of training (iteration "
                  f"{iteration}): {goal_line(report)}: goal {'met' if met else 'not met'}"
                  f"{f' ({self.streak} of {self.stop.confirm} in a row)' if met else ''}", flush=True)
         self.clock = time.perf_counter()
