@@ -42,6 +42,8 @@ check lstm_fast 400 "${learn[@]}" --task quadruped_flat_deployable --minutes 3 -
 # 16. Cameras: rendered frames/s on the GPU (the goal: >= 20k RGB frames/s at 128x128 on an H100).
 check cameras 300 python bench/cameras.py --device cuda:0 --num-envs 1024 4096 --sizes 64 128 --steps 20 &
 wait
+# 16b. The CPU renderers on the host's cores (mj_multiRay on every core against SensorCamera on one).
+check camera_renderers 300 python bench/cameras.py --renderers --num-envs 256 1024 --sizes 64 128 --steps 20
 tar cf "$OUT/results.tar" -C bench/results/ . 2>/dev/null
 echo "== done at $((SECONDS - start)) s" | tee -a "$log"
 cat "$log"
