@@ -446,15 +446,19 @@ class StopAtGoal:
         self.run_dir, self.stop = Path(run_dir), stop
         self.options = Options(envs_per_command=stop.envs_per_command, episodes=stop.episodes)
         self.loaded: LoadedRun | None = None
-        self.streak, self.evaluations = 0, 0
+        self.streak, self.evaluations, self.evaluated = 0, 0, -1
         self.clock, self.trained_s = time.perf_counter(), 0.0  # training time: evaluations excluded
 
-    def __call__(self, runner, iteration: int) -> None:
+    def __call__(self, runner, iteration: int, last: bool = False) -> None:
+        """After an iteration: evaluates when ``every_min`` more minutes of training are done (or,
+        ``last``, the run's final policy if not evaluated yet)."""
         now = time.perf_counter()
         self.trained_s += now - self.clock
         self.clock = now
-        if self.trained_s < 60 * self.stop.every_min * (self.evaluations + 1):
+        due = last or self.trained_s >= 60 * self.stop.every_min * (self.evaluations + 1)
+        if not due or iteration == self.evaluated:
             return
+        self.evaluated = iteration
         path = runner.save()
         if self.loaded is None:
             self.loaded = load(self.run_dir, self.options, path)

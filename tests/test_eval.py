@@ -146,6 +146,7 @@ def test_training_stops_once_the_goal_holds_at_two_evaluations_in_a_row(tmp_path
     code, out, err = legion_in_process("train", *small, "agent.stop_when.success_rate=1.01")
     assert code == 0, err[-2000:]
     assert out.count("goal not met") == 4 and "goal met at" not in out
+    assert "agent.max_iterations=4 reached before the goal was met at 2 evaluations in a row" in out
 
     code, _, err = legion_in_process("train", "task=cartpole", "agent.stop_when.goal=true")
     assert code != 0 and "agent.stop_when.goal: task cartpole has no goal that legion eval measures" in err

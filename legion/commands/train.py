@@ -151,10 +151,12 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
                 from legion.sim2real.trajectories.record import TrainingVideo
 
                 runner.on_iteration.append(TrainingVideo(run_dir, cfg, make_env))
+            goal_stop = None
             if stop.goal:
                 from legion.evaluation import StopAtGoal
 
-                runner.on_iteration.append(StopAtGoal(run_dir, cfg))
+                goal_stop = StopAtGoal(run_dir, cfg)
+                runner.on_iteration.append(goal_stop)
         except BaseException:
             if new:  # a run that never started leaves no folder behind (all in it was written just now)
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -171,6 +173,10 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
 
         try:
             runner.learn(cfg.agent.max_iterations)
+            if goal_stop is not None:  # max_iterations came first: where the last policy stands
+                goal_stop(runner, runner.iteration, last=True)
+                say(f"[legion] agent.max_iterations={cfg.agent.max_iterations} reached before the goal was met at "
+                    f"{stop.confirm} evaluations in a row", flush=True)
         except GoalReached as e:
             say(f"[legion] goal met at {e.trained_s / 60:.1f} min of training, iteration {e.iteration} ({e}): "
                 f"the policy is {e.checkpoint}", flush=True)
