@@ -93,7 +93,7 @@ def test_a_misspelt_key_in_a_run_config_is_named_and_can_be_removed(tmp_path):
 
 def test_a_task_sizes_itself_for_the_device_unless_the_command_line_says_otherwise():
     cpu, cuda = compose("task=quadruped_flat"), compose("task=quadruped_flat", "device=cuda:0")
-    assert (cpu.sim.num_envs, cpu.agent.max_iterations) == (1024, 300)
+    assert (cpu.sim.num_envs, cpu.agent.max_iterations) == (1024, 500)
     assert (cuda.sim.num_envs, cuda.agent.max_iterations) == (4096, 1500)
     given = compose("task=quadruped_flat", "sim.num_envs=64", "agent.max_iterations=7")
     assert (given.sim.num_envs, given.agent.max_iterations) == (64, 7)

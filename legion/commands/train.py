@@ -117,9 +117,11 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
             if cfg.task.command is None or cfg.task.command.type not in METRICS:
                 raise RunError(f"agent.stop_when.goal: task {cfg.task.name} has no goal that legion eval measures (a "
                                f"velocity, pose or position command); train it with agent.stop_when.goal=false.")
-            if group is not None:
-                raise RunError("agent.stop_when.goal evaluates in one process: with torchrun ranks, stop with "
-                               "agent.max_iterations (or agent.stop_when.goal=false).")
+        if stop.goal and group is not None:  # (rank 0 alone could not stop the others between iterations)
+            say("[legion] note: agent.stop_when.goal is off with torchrun ranks: agent.max_iterations stops the run",
+                flush=True)
+            stop = dataclasses.replace(stop, goal=False)
+        if stop.goal:
             iterations = (f"until it meets its goal at {stop.confirm} evaluations in a row (every {stop.every_min:g} "
                           f"min of training) or {iterations}")
         say(f"[legion] task {cfg.task.name}, {cfg.sim.num_envs} envs{ranks} on {cfg.device}, {iterations}, "
