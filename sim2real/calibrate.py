@@ -313,11 +313,11 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
     import re
 
     estimates, task = report["estimates"], task or {}
-    lines = ["# @package _global_",
-             f"# Calibrated by `legion calibrate` from {report['log']}: the task {meta.task} on the simulator",
-             "# these logs describe. Train or fine-tune on it with the robot you trained with, e.g.",
-             "#   legion train task=<this file> robot=<the run's robot> agent.init_from=<the run>/model_N.pt",
-             "defaults:", f"  - {meta.task}", "  - _self_", "task:", "  events:"]
+    header = ["# @package _global_",
+              f"# Calibrated by `legion calibrate` from {report['log']}: the task {meta.task} on the simulator",
+              "# these logs describe. Train or fine-tune on it with the robot you trained with, e.g.",
+              "#   legion train task=<this file> robot=<the run's robot> agent.init_from=<the run>/model_N.pt"]
+    lines = ["defaults:", f"  - {meta.task}", "  - _self_", "task:", "  events:"]
     funcs = set()
     for label, pattern in (groups or {"all": ".*"}).items():
         fitted_here = {_base(n): n for n in estimates if n != "latency_ms" and (n.partition("@")[2] or "all") == label}
@@ -329,7 +329,7 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
                 kd_low, kd_high = ranges.get("kd_scale", (1.0, 1.0))
                 ranges["kd_scale"] = (kd_low + b_low / next(iter(kd)), kd_high + b_high / next(iter(kd)))
             else:
-                lines.insert(4, f"# viscous_friction of {pattern} not applied: its joints have no one PD damping")
+                header.append(f"# viscous_friction of {pattern} not applied: its joints have no one PD damping")
         for param, (low, high) in ranges.items():
             funcs.add(TRAINING_EVENTS[param])
             lines.append(f"    calibrated_{param}_{label}: {{func: {TRAINING_EVENTS[param]}, mode: startup, "
@@ -355,7 +355,7 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
     for name, event in task.get("events", {}).items():
         if name != "action_delay" and (event.get("func") or name) in funcs and event.get("enabled", True):
             lines.insert(at, f"    {name}: {{enabled: false}}   # the calibrated draw above replaces it")
-    return "\n".join(lines) + "\n"
+    return "\n".join(header + lines) + "\n"
 
 
 def plot(fit: Fit, windows: list[Window], nominal: dict, calibrated: dict, joint_names: list[str], path: Path) -> None:

@@ -281,25 +281,22 @@ class Cameras:
         cam, images = self.cfgs[name], self._images[name]
         if self.renderer(name) == "mj_multiRay":
             link = self.pose(name, gl=False).double().numpy()
-            depth = wp.to_torch(images["depth"]).view(self.sim.num_envs, -1).numpy()
             with self._lock:
                 self.sim.solver.depth_images(self.sim.state, self.sim.control, link[:, :3].copy(), link[:, 3:].copy(),
-                                             self._multiray[name], due.nonzero().squeeze(1).numpy(), depth, cam.far)
-            depth_t = wp.to_torch(images["depth"])
-            depth_t.masked_fill_((depth_t < cam.near) | (depth_t > cam.far), 0.0)
-            due.fill_(False)
-            return
-        self._poses_t.copy_(self.pose(name))
-        torch.where(due, self._world, self._skip, out=wp.to_torch(self._world_indices))
-        outputs = {"depth": "forward_depth_image", "rgb": "color_image"}
-        channels = {outputs[c]: image for c, image in images.items()}
-        with self._lock:
-            version = self.sim.body_q._version
-            if version != self._refitted:  # the shapes' bounds, once per new state for every camera
-                self.sim.model.bvh_refit_shapes(self.sim.state)
-                self._refitted = version
-            self.sensor.update(self.sim.state, self._poses, self._rays[name], world_indices=self._world_indices,
-                               **channels)
+                                             self._multiray[name], due.nonzero().squeeze(1).numpy(),
+                                             wp.to_torch(images["depth"]).view(self.sim.num_envs, -1).numpy(), cam.far)
+        else:
+            self._poses_t.copy_(self.pose(name))
+            torch.where(due, self._world, self._skip, out=wp.to_torch(self._world_indices))
+            outputs = {"depth": "forward_depth_image", "rgb": "color_image"}
+            channels = {outputs[c]: image for c, image in images.items()}
+            with self._lock:
+                version = self.sim.body_q._version
+                if version != self._refitted:  # the shapes' bounds, once per new state for every camera
+                    self.sim.model.bvh_refit_shapes(self.sim.state)
+                    self._refitted = version
+                self.sensor.update(self.sim.state, self._poses, self._rays[name],
+                                   world_indices=self._world_indices, **channels)
         if "depth" in images:
             depth = wp.to_torch(images["depth"])
             depth.masked_fill_((depth < cam.near) | (depth > cam.far), 0.0)  # no return, as a depth camera
