@@ -1,0 +1,103 @@
+"""Time to walk, as a user gets it: `legion train` with its defaults, run once per seed, stopped by
+its own goal (`agent.stop_when`: `legion eval`'s forward tracking error < 0.1 m/s and falls < 5%
+over its five commands, met at two evaluations in a row).
+
+Each run is `legion train task=<task> robot=<robot> seed=<s>` in a process of its own, evaluated
+every tenth of the robot's goal minutes of training (``--eval-every`` to change). A run's time to
+walk is the training time at the first of the two evaluations that met the goal (evaluation time
+excluded; building the env and compiling Warp's kernels come before the clock starts, and
+``start_s`` times them: from the command to the first progress line); a run that reaches its
+iteration cap first counts as not walking. The table gives each robot's median and range over
+the seeds; bench/results/time_to_walk.json keeps every evaluation of every run. The runs go to
+runs/time_to_walk/<robot>_seed<s>.
+
+    python bench/time_to_walk.py --robots quadruped go2 --seeds 0 1 2
+    python bench/time_to_walk.py --robots g1 --seeds 0 --eval-every 2.5
+    python bench/time_to_walk.py --robots go2 --seeds 0 1 2 sim.num_envs=2048   # any override, every run
+"""
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import yaml
+
+from common import ROOT, RUNS, print_table, write_json
+
+# robot -> (task, goal in minutes of training on this CPU: the evaluation cadence is a tenth of it)
+ROBOTS = {"quadruped": ("quadruped_flat", 7.0), "go2": ("quadruped_flat", 12.0),
+          "biped": ("biped_flat", 25.0), "g1": ("biped_flat", 25.0)}
+EVALUATION = re.compile(r"\[legion\] evaluation (\d+) at ([\d.]+) min of training \(iteration (\d+)\): "
+                        r"(.*): goal (met|not met)")
+
+
+def run(robot: str, seed: int, eval_every: float | None, overrides: list[str]) -> dict:
+    task, goal_min = ROBOTS[robot]
+    run_dir = RUNS / "time_to_walk" / f"{robot}_seed{seed}"
+    every = eval_every or goal_min / 10
+    command = ["legion", "train", f"task={task}", f"robot={robot}", f"seed={seed}",
+               f"agent.stop_when.every_min={every:g}", *overrides]
+    started = time.perf_counter()
+    first_iteration_s = None
+    evaluations, lines = [], []
+    with subprocess.Popen([sys.executable, "-m", "legion", *command[1:], f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            print(f"  {robot} seed {seed}: {line}", end="", flush=True)
+            lines.append(line)
+            if first_iteration_s is None and "steps/s" in line:  # the first progress line
+                first_iteration_s = time.perf_counter() - started
+            if match := EVALUATION.search(line):
+                evaluations.append({"evaluation": int(match[1]), "trained_min": float(match[2]),
+                                    "iteration": int(match[3]), "measures": match[4], "met": match[5] == "met"})
+    if process.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({process.returncode}):\n{''.join(lines[-30:])}")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    steps_per_iteration = config["sim"]["num_envs"] * config["agent"]["num_steps_per_env"]
+    confirm = config["agent"]["stop_when"]["confirm"]
+    streak = 0
+    walked = None
+    for i, e in enumerate(evaluations):
+        streak = streak + 1 if e["met"] else 0
+        if streak == confirm:
+            walked = evaluations[i - confirm + 1]
+            break
+    return {"robot": robot, "task": task, "seed": seed, "command": " ".join(command),
+            "num_envs": config["sim"]["num_envs"], "walked_min": walked and walked["trained_min"],
+            "iteration": walked and walked["iteration"],
+            "env_steps": walked and walked["iteration"] * steps_per_iteration,
+            "wall_min": (time.perf_counter() - started) / 60, "start_s": first_iteration_s,
+            "evaluations": evaluations}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--robots", nargs="+", default=["quadruped"], choices=sorted(ROBOTS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--eval-every", type=float, default=None,
+                        help="minutes of training between evaluations (default: a tenth of the robot's goal)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (key=value)")
+    args = parser.parse_args()
+
+    runs = [run(robot, seed, args.eval_every, args.overrides) for robot in args.robots for seed in args.seeds]
+    rows = []
+    for robot in args.robots:
+        mine = [r for r in runs if r["robot"] == robot]
+        walked = sorted(r["walked_min"] for r in mine if r["walked_min"] is not None)
+        median = f"**{statistics.median(walked):.1f}** ({walked[0]:.1f}-{walked[-1]:.1f})" \
+            if len(walked) == len(mine) else f"{len(walked)} of {len(mine)} seeds walked"
+        rows.append({"task, robot": f"{mine[0]['task']}, {robot}", "envs": mine[0]["num_envs"],
+                     "minutes to walk, median (range)": median,
+                     "iterations": " / ".join(str(r["iteration"] or "-") for r in mine),
+                     "env-steps": " / ".join(f"{r['env_steps'] / 1e6:.1f}M" if r["env_steps"] else "-" for r in mine),
+                     "seeds": " / ".join(str(r["seed"]) for r in mine)})
+    print_table(rows)
+    print(f"written: {write_json('time_to_walk', rows, runs=runs)}")
+
+
+if __name__ == "__main__":
+    main()
