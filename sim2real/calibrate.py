@@ -307,9 +307,8 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
     run's ``task`` config as plain dicts; without it, they stay as the task file sets them).
 
     Viscous friction b adds to the PD damping kd (both oppose the joint's speed): it joins the
-    damping scale as kd_scale + b / kd where a group's joints share one kd. Latency: where every
-    actuator of the run's robot is a ``dc_motor``, their ``delay`` in physics steps (the estimate's
-    nearest); otherwise ``action_delay`` in the whole control steps about the estimate's range."""
+    damping scale as kd_scale + b / kd where a group's joints share one kd. Latency: the event
+    ``command_latency`` (physics steps) over its range, in place of the task's ``action_delay``."""
     import re
 
     estimates, task = report["estimates"], task or {}
@@ -334,27 +333,14 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
             funcs.add(TRAINING_EVENTS[param])
             lines.append(f"    calibrated_{param}_{label}: {{func: {TRAINING_EVENTS[param]}, mode: startup, "
                          f"range: [{low:.5g}, {high:.5g}], params: {{joints: '{pattern}'}}}}")
-    actuators = task.get("scene", {}).get("robot", {}).get("actuators", {})
-    motors = bool(actuators) and all(a.get("model") == "dc_motor" for a in actuators.values())
-    if "latency_ms" in estimates:
-        funcs.add("action_delay")
+    if "latency_ms" in estimates:  # in physics steps, drawn per episode (the robot's link jitters)
+        funcs.update(("command_latency", "action_delay"))  # (the task's delay in whole control steps: replaced)
         low, high = estimate_range(report, "latency_ms")
-        if motors:
-            steps = round(estimates["latency_ms"] / (meta.physics_dt * 1000))
-            lines += ["  scene:", "    robot:", "      actuators:"]
-            lines += [f"        {name}: {{delay: {steps}}}   # {estimates['latency_ms']:.1f} ms in physics steps of "
-                      f"{meta.physics_dt * 1000:g} ms" for name in actuators]
-            lines.insert(lines.index("  scene:"), "    action_delay: {enabled: false}   # the motors' delay below")
-        else:
-            step_ms = meta.control_dt * 1000
-            first, last = int(low // step_ms), int(-(-high // step_ms))
-            lines.insert(lines.index("  events:") + 1,
-                         f"    action_delay: {{mode: reset, range: [{first}, {last}], enabled: true}}   "
-                         f"# {low:.1f}-{high:.1f} ms, in control steps of {step_ms:g} ms")
-    at = lines.index("  scene:") if "  scene:" in lines else len(lines)
+        lines.append(f"    calibrated_latency: {{func: command_latency, mode: reset, range: [{low:.4g}, {high:.4g}]}}"
+                     f"   # ms, in physics steps of {meta.physics_dt * 1000:g} ms")
     for name, event in task.get("events", {}).items():
-        if name != "action_delay" and (event.get("func") or name) in funcs and event.get("enabled", True):
-            lines.insert(at, f"    {name}: {{enabled: false}}   # the calibrated draw above replaces it")
+        if (event.get("func") or name) in funcs and event.get("enabled", True):
+            lines.append(f"    {name}: {{enabled: false}}   # the calibrated draw above replaces it")
     return "\n".join(header + lines) + "\n"
 
 

@@ -49,6 +49,10 @@ def report(env) -> str:
     if delay.any():
         lines += ["", f"action delay [control steps]: min {int(delay.min())}, mean {float(delay.float().mean()):.3g}, "
                       f"max {int(delay.max())}"]
+    latency = env.sim.command_latency
+    if latency is not None:
+        lines += ["", f"command latency [physics steps of {env.sim.physics_dt * 1000:g} ms]: min {int(latency.min())}, "
+                      f"mean {float(latency.float().mean()):.3g}, max {int(latency.max())}"]
     return "\n".join(lines)
 
 

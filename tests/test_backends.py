@@ -260,3 +260,67 @@ except KeyboardInterrupt:
 """
     done = subprocess.run([sys.executable, "-c", ctrl_c_during_start], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "interrupted" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("backend", ["c", "warp"])
+def test_a_command_latency_delays_each_worlds_targets_by_physics_steps(backend):
+    """NewtonSim.set_command_latency (the event command_latency): a world's targets act L physics
+    steps late, within a control step and across them: each world steps as a sim of one physics
+    step per control step that is handed the targets L steps late (the C backend's compiled loop
+    switches ctrl mid-step; MuJoCo Warp's steps one by one). The env's targets stay what it wrote;
+    a world reset acts on its new targets at once."""
+    latency = torch.tensor([0, 1, 3, 6])  # physics steps of 5 ms; 4 to a control step
+    targets = STAND_POSE + 0.4 * torch.randn(6, 4, 12, generator=torch.Generator().manual_seed(2))
+    late = NewtonSim(num_envs=4, backend=backend, **QUAD)
+    fine = {name: NewtonSim(num_envs=4, backend=backend, **(QUAD | {"decimation": 1})) for name in ("late", "prompt")}
+    for sim in (late, *fine.values()):
+        place_standing(sim, 0.33)
+    late.set_command_latency(torch.ones(4, dtype=torch.bool), latency, max_steps=6)
+    worlds = torch.arange(4)
+    for t, target in enumerate(targets):
+        late.robot.joint_pos_target[:] = target
+        late.step()
+        assert torch.equal(late.robot.joint_pos_target, target)
+        for k in range(4 * t, 4 * t + 4):
+            fine["late"].robot.joint_pos_target[:] = targets[((k - latency) // 4).clamp(min=0), worlds]
+            fine["prompt"].robot.joint_pos_target[:] = target
+            for sim in fine.values():
+                sim.step()
+    # float32 state between control steps (Newton's) against between physics steps: not bit for bit
+    error = (late.robot.joint_pos - fine["late"].robot.joint_pos).abs().amax(1)
+    effect = (late.robot.joint_pos - fine["prompt"].robot.joint_pos).abs().amax(1)
+    assert error.max() < 2e-3, error
+    assert effect[0] < 2e-3 and effect[1:].min() > 0.02, effect  # world 0 has no latency; the others' move late
+
+    late.robot.joint_pos_target[:] = STAND_POSE
+    late.reset(torch.tensor([False, False, False, True]))  # world 3 starts over: its first targets at once
+    late.step()
+    sent = late._sent[:, 3, -12:]  # world 3's targets of the last control steps, its legs'
+    assert torch.equal(sent[(late._sent_step - 1) % len(sent)], STAND_POSE)
+    assert torch.equal(sent[(late._sent_step - 2) % len(sent)], STAND_POSE)
+    state = late.state_dict()
+    assert torch.equal(state["command_latency"], latency) and "command_latency.sent" in state
+
+
+def test_the_command_latency_event_delays_the_go2s_dc_motors_alike_in_c_and_in_newton(monkeypatch):
+    """The event command_latency draws milliseconds and delays in physics steps (5 ms here): the
+    Go2's DC motors stepped in C (their ctrl switched inside the compiled loop) and by NewtonSim's
+    newton.actuators (the targets switched before each physics step) move alike, and not as
+    without the latency."""
+    go2 = ("task=quadruped_flat", "robot=go2", "sim.num_envs=4", "task.events.push.enabled=false")
+    latency = "+task.events.latency={func: command_latency, mode: startup, range: [0, %g]}"
+    actions = 0.5 * torch.randn(4, 4, 12, generator=torch.Generator().manual_seed(0))
+    envs = {"c": make_env(*go2, latency % 15), "prompt": make_env(*go2, latency % 0)}  # the same draws
+    monkeypatch.setattr(MuJoCoC, "_motors", lambda self, sim, template: [])  # the motors left to NewtonSim
+    envs["newton"] = make_env(*go2, latency % 15)
+    drawn = envs["c"].sim.command_latency
+    assert torch.equal(envs["newton"].sim.command_latency, drawn) and drawn.min() >= 0 and drawn.max() <= 3
+    assert envs["c"].sim.solver.steps_motors and envs["newton"].sim.motors is not None
+    for action in actions:
+        for e in envs.values():
+            e.step(action)
+    c, newton, prompt = (envs[name].sim.robot.joint_pos for name in ("c", "newton", "prompt"))
+    assert torch.allclose(c, newton, atol=2e-4)  # float32 Newton vs float64 C
+    moved = (c - prompt).abs().amax(1)
+    assert drawn.min() == 0 and drawn.max() > 0, drawn  # (this seed's draw: late and prompt worlds)
+    assert moved[drawn == 0].max() == 0 and moved[drawn > 0].min() > 0.01, moved

@@ -229,10 +229,13 @@ def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitati
     assert low <= estimates["kp_scale"] <= high and high - low < 0.2 * estimates["kp_scale"]
     low, high = task.events["calibrated_coulomb_friction_all"].range
     assert low <= estimates["coulomb_friction"] <= high
-    # the Go2's DC motors take the latency in physics steps of 5 ms
+    # the latency drawn per episode in physics steps of 5 ms, in place of the task's whole control steps
     assert not task.events["action_delay"].enabled
-    for actuator in task.scene.robot.actuators.values():
-        assert actuator.delay == round(estimates["latency_ms"] / 5)
+    low, high = task.events["calibrated_latency"].range
+    assert low <= estimates["latency_ms"] <= high and high - low < 10.0
+    env = make_env(f"task={logs / 'task_calibrated.yaml'}", "robot=go2", "sim.num_envs=64")
+    steps = env.sim.command_latency
+    assert steps.min() >= round(low / 5) and steps.max() <= round(high / 5)
     assert (logs / "calibration.png").stat().st_size > 10_000
 
 

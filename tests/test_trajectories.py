@@ -20,7 +20,8 @@ from legion.commands.train import train
 
 RANDOMIZED = ["task.events.push.interval_s=[0.1,0.2]", "task.events.action_delay.enabled=true",
               "task.events.link_mass.enabled=true", "task.events.stiffness.enabled=true",
-              "task.events.gravity_tilt.enabled=true", "task.events.restitution.enabled=true"]
+              "task.events.gravity_tilt.enabled=true", "task.events.restitution.enabled=true",
+              "+task.events.latency={func: command_latency, mode: reset, range: [0, 25]}"]
 EPISODES = "meta/episodes/chunk-000/file-000.parquet"
 
 
@@ -40,8 +41,8 @@ def make_run(folder, *overrides):
 
 @pytest.fixture(scope="module")
 def quadruped(tmp_path_factory):
-    """Three recorded quadruped episodes with pushes every 0.1-0.2 s, actuator delay, and randomized
-    link masses, PD stiffness, gravity and restitution."""
+    """Three recorded quadruped episodes with pushes every 0.1-0.2 s, actuator delay, command
+    latency, and randomized link masses, PD stiffness, gravity and restitution."""
     from legion.sim2real.trajectories.record import record_run
 
     root = tmp_path_factory.mktemp("quadruped")
@@ -75,6 +76,7 @@ def test_actions_replay_reproduces_a_randomized_pushed_delayed_recording_bit_for
                       != e.data["next_states/robot/root_vel_w"][:-1]).any(1).sum()) for e in episodes)
     assert pushes >= 3
     assert any(int(e.data["params/action_delay"]) > 0 for e in episodes)
+    assert len({int(e.data["params/command_latency"]) for e in episodes}) > 1  # physics steps, per episode
     masses = np.stack([e.data["params/robot/body_mass"] for e in episodes])
     assert np.ptp(masses, axis=0).max() > 0.05  # every episode ran with its own masses
     first = episodes[0]

@@ -27,7 +27,8 @@ float32 unless noted, first axis time (T steps of the control dt):
         initial_state/<entity>/<view>  = states[0]
         params/<entity>/<name>    the per-env physical parameters the episode ran with (friction,
                                   masses, COM, inertia, PD gains, ...), params/gravity (3,),
-                                  params/action_delay () [control steps]
+                                  params/action_delay () [control steps], params/command_latency ()
+                                  [physics steps] where the task draws one
         timing/...                robot logs: timestamp, tick_time, latency [s], mode (0 policy,
                                   1 hold, 2 stop)
 

@@ -61,10 +61,12 @@ def state_views(env) -> dict[str, torch.Tensor]:
 
 def param_views(env) -> dict[str, torch.Tensor]:
     """Per-env physical parameters as named views, ``"<entity>/<name>"`` -> (num_envs, ...), plus
-    ``"gravity"`` (num_envs, 3) and ``"action_delay"`` (num_envs,) [control steps]. Ask again after
-    a reset: the action term replaces its delay tensor when the ``action_delay`` event draws."""
+    ``"gravity"`` (num_envs, 3), ``"action_delay"`` (num_envs,) [control steps] and, where the
+    event ``command_latency`` runs, ``"command_latency"`` (num_envs,) [physics steps]. Ask again
+    after a reset: the action term replaces its delay tensor when the ``action_delay`` event draws."""
     views = {f"{name}/{param}": getattr(entity, param) for name, entity in env.scene.items() for param in entity.params}
-    return {**views, "gravity": env.sim.gravity, "action_delay": env.action.delay}
+    views |= {"gravity": env.sim.gravity, "action_delay": env.action.delay}
+    return views if env.sim.command_latency is None else views | {"command_latency": env.sim.command_latency}
 
 
 class Layout:

@@ -231,7 +231,8 @@ class _Replay:
             for name, view in params.items():
                 view[:] = torch.as_tensor(np.stack([ep.data[f"params/{name}"] for ep in self.episodes]),
                                           device=self.device)
-            env.sim.params_changed(*{name.rpartition("/")[2] for name in params if name != "action_delay"})
+            env.sim.params_changed(*{name.rpartition("/")[2] for name in params
+                                     if name not in ("action_delay", "command_latency")})
         self.write(initial)
         env.sim.reset(everyone)
         # The action term's own state starts where an episode starts it (a delta action's targets,

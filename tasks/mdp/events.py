@@ -241,6 +241,16 @@ def action_delay(env, mask, draw):
     env.action.set_delay(mask, draw(integer=True).long(), max_delay=int(draw.max))
 
 
+@event(modes=("startup", "reset"), domain=(0.0, math.inf))
+def command_latency(env, mask, draw):
+    """Command latency: the joint targets reach the joints U(range) [ms] late, in whole physics
+    steps (the nearest), per env: the targets of a control step act from that physics step of it
+    on, the previous ones until then. Finer than ``action_delay``'s whole control steps: what
+    ``legion calibrate`` estimates and a robot's DDS link jitters by."""
+    step_ms = env.sim.physics_dt * 1000
+    env.sim.set_command_latency(mask, torch.round(draw() / step_ms).long(), max_steps=round(draw.max / step_ms))
+
+
 # --- world and sensing -----------------------------------------------------------------------
 @event(domain=(-0.5, 0.5))
 def gravity_tilt(env, mask, draw):

@@ -74,6 +74,8 @@ class NewtonSim:
         scene: the entities by name (``"robot"``, then objects and fixtures in config order).
         robot: ``scene["robot"]``, an :class:`Articulation`.
         cameras: the scene's :class:`~legion.tasks.sim.camera.Cameras` (``scene.cameras``), or ``None``.
+        command_latency: (num_envs,) long, each world's :meth:`set_command_latency` [physics
+            steps], or ``None`` before one is set.
         terrain: the generated :class:`~legion.tasks.sim.terrain.Terrain` all worlds share
             (``scene.ground.terrain``), or ``None`` (a plane at z = 0, or no ground).
         solver_limits: (len(SOLVER_LIMITS),) int32, the number of worlds that hit each of
@@ -114,6 +116,8 @@ class NewtonSim:
         self.solver_limits = wp.to_torch(self.solver.limits)  # overwritten by every step
         self._make_motors()
         self._make_reset_masks()
+        self._sent = None  # the targets of the last control steps, made by set_command_latency
+        self.command_latency: torch.Tensor | None = None  # (num_envs,) [physics steps], once set
         self.graph = self._capture() if use_graph and solver_adapter.capturable else None
         # The reset's forward kinematics as a graph too (recorded at the first reset): one launch
         # from Python costs ~0.4 ms on a CPU, most of it packing its arguments; a replay ~0.02 ms.
@@ -295,15 +299,31 @@ class NewtonSim:
     # ------------------------------------------------------------------------------------
     def _simulate(self) -> None:
         motors, joint_f = self.motors, _allocated(self.control.joint_f)
-        if motors is None:  # one call for the control step: the C backend steps it in one go
-            self.solver.step(self.state, self.control, self.dt, self.decimation)
+        late = self._late_targets() if self._sent is not None else None
+        if motors is None and (late is None or self.solver.backend == "c"):
+            # one call for the control step: the C backend steps it in one go, a late command included
+            self.solver.step(self.state, self.control, self.dt, self.decimation,
+                             **({} if late is None else {"late": (late[0], late[2])}))
         else:
-            wp.copy(self._feedforward, joint_f)
-            self._motor_history = tuple(self._motor_states or (None, None))
-            self.solver.step(self.state, self.control, self.dt, self.decimation, before_each_step=self._motor_step)
-            wp.copy(joint_f, self._feedforward)
+            substeps = iter(range(self.decimation))
+
+            def before_each_step():
+                if late is not None:  # the first `split` physics steps act on the older targets
+                    older, newer, split = late
+                    self.joint_target_q.copy_(torch.where((split > next(substeps)).unsqueeze(1), older, newer))
+                if motors is not None:
+                    self._motor_step()
+
+            if motors is not None:
+                wp.copy(self._feedforward, joint_f)
+                self._motor_history = tuple(self._motor_states or (None, None))
+            self.solver.step(self.state, self.control, self.dt, self.decimation, before_each_step=before_each_step)
+            if motors is not None:
+                wp.copy(joint_f, self._feedforward)
             if self._motor_states is not None and self.decimation % 2:  # a graph replays the same buffers:
                 self._motor_states[0].assign(self._motor_states[1])   # end where it began
+        if late is not None:
+            self.joint_target_q.copy_(self._commanded)  # the env's targets, as it wrote them
         self.solver.finish_control_step(self.state)
         if self.senses_contacts:
             self.solver.sense_contacts(self._contact_out)
@@ -318,6 +338,52 @@ class NewtonSim:
         self.motors.step(*self._motor_inputs, current, following, dt=self.dt)
         self._motor_history = (following, current)
         wp.copy(self._motor_f, joint_f)
+
+    # --- command latency (the event command_latency) -------------------------------------------
+    @_one_thread_at_a_time
+    def set_command_latency(self, worlds: torch.Tensor, steps: torch.Tensor, max_steps: int) -> None:
+        """The joint targets of ``worlds`` (num_envs,) bool reach the joints ``steps`` (num_envs,)
+        physics steps late, each <= ``max_steps``: the targets written for control step t act from
+        physics step ``t * decimation + steps`` on, the ones before them until then (a world just
+        reset acts on its first targets at once). Finer than whole control steps (the action's
+        delay): the resolution at which ``legion calibrate`` identifies a robot's latency.
+
+        The first call makes a ring of the last control steps' targets; the decimated step then
+        runs eagerly (its torch indexing is not in Warp's graph of it; ``sim.capture_step`` records
+        it with the rest of the env step)."""
+        depth = max_steps // self.decimation + 2  # the control steps a world's physics steps may act on
+        if self._sent is None or depth > len(self._sent):
+            if wp.get_device(self.device).is_capturing:
+                raise RuntimeError("a command latency set for the first time (or longer) inside a captured step")
+            n, coords = self.joint_target_q.shape
+            self._sent = torch.zeros(depth, n, coords, device=self.device)
+            self._sent_step = torch.zeros((), dtype=torch.long, device=self.device)
+            self._sent_fresh = torch.ones(n, dtype=torch.bool, device=self.device)  # no targets of theirs yet
+            self._commanded = torch.zeros_like(self.joint_target_q)
+            if self.command_latency is None:
+                self.command_latency = torch.zeros(n, dtype=torch.long, device=self.device)
+            self._worlds = torch.arange(n, device=self.device)
+            self.graph = None
+        latency = self.command_latency
+        assert latency is not None
+        latency.copy_(torch.where(worlds, steps, latency))
+
+    def _late_targets(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This control step's targets join the ring; per world (older, newer, split): the targets
+        of ``latency // decimation + 1`` and ``latency // decimation`` control steps ago, and the
+        physics step of this control step where the newer take over (``latency % decimation``)."""
+        ring, targets, latency = self._sent, self.joint_target_q, self.command_latency
+        assert ring is not None and latency is not None  # (set_command_latency made them)
+        self._commanded.copy_(targets)
+        ring.index_copy_(0, (self._sent_step % len(ring)).view(1), targets.unsqueeze(0))
+        ring.copy_(torch.where(self._sent_fresh.view(1, -1, 1), targets.unsqueeze(0), ring))  # a reset world's
+        self._sent_fresh.zero_()
+        whole = latency // self.decimation
+        newer = ring[(self._sent_step - whole) % len(ring), self._worlds]
+        older = ring[(self._sent_step - whole - 1) % len(ring), self._worlds]
+        self._sent_step += 1
+        targets.copy_(newer)
+        return older, newer, latency % self.decimation
 
     @_one_thread_at_a_time
     def step(self) -> None:
@@ -361,6 +427,8 @@ class NewtonSim:
             self._motor_reset.copy_(self._reset_mask_t[: self.num_envs, None].expand_as(self._motor_reset))
             for history in self._motor_states:
                 history.reset(self._motor_reset_wp)
+        if self._sent is not None:  # a reset world's first targets act at once (nothing sent before them)
+            self._sent_fresh |= self._reset_mask_t[: self.num_envs]
         if self.cameras is not None:
             self.cameras.reset(self._reset_mask_t[: self.num_envs])
         self.wrote_state()
@@ -383,9 +451,9 @@ class NewtonSim:
         """What a step reads that earlier steps wrote, as copies: every world's joint and body state,
         controls and contact forces, per-env physical parameters and default root poses (events
         and the curriculum write them), the solver's own carried state (MuJoCo's warm start), the
-        motors' delay histories and the cameras' (:meth:`Cameras.state_views`). Restored by
-        :meth:`load_state_dict`, the worlds go on exactly as they would have (a run resumed bit for
-        bit)."""
+        motors' delay histories, a command latency's last targets and the cameras' state
+        (:meth:`Cameras.state_views`). Restored by :meth:`load_state_dict`, the worlds go on
+        exactly as they would have (a run resumed bit for bit)."""
         return {name: view.clone() for name, view in self._state_views().items()}
 
     @_one_thread_at_a_time
@@ -407,6 +475,9 @@ class NewtonSim:
         views |= {f"{name}.default_root_pose": e.default_root_pose for name, e in self.scene.items()
                   if getattr(e, "default_root_pose", None) is not None}
         views |= {f"motors.{i}": wp.to_torch(a) for i, a in enumerate(self._motor_arrays())}
+        if self._sent is not None:
+            views |= {"command_latency": self.command_latency, "command_latency.sent": self._sent,
+                      "command_latency.step": self._sent_step, "command_latency.fresh": self._sent_fresh}
         if self.cameras is not None:
             views |= self.cameras.state_views()
         return views | self.solver.state_views()

@@ -438,6 +438,7 @@ class MuJoCoC(MuJoCo):
         self._loop = _world_loop(self._lib)
         self._mj_step = mujoco.mj_step  # its nstep loop in C: one release of the GIL per world and control step
         self._overflows = 0
+        self._late = None  # a late command's (ctrl, split) for this step's threads (step)
         self._full = (int(mujoco.mjtWarning.mjWARN_CNSTRFULL), int(mujoco.mjtWarning.mjWARN_CONTACTFULL))
         if sim.senses_contacts:  # the sensors' bodies -> Newton body slots of a world
             assert self.solver.mjc_body_to_newton is not None
@@ -597,10 +598,13 @@ class MuJoCoC(MuJoCo):
                           model.body_flags, state.joint_q, state.joint_qd, s.mj_q_start, s.mj_qd_start],
                   outputs=[state.joint_q, state.joint_qd], device=model.device)
 
-    def step(self, state, control, dt: float, steps: int = 1, before_each_step=None) -> None:
+    def step(self, state, control, dt: float, steps: int = 1, before_each_step=None, late=None) -> None:
         """``steps`` physics steps in C. With ``before_each_step`` (an actuator model writing the
         control from the state), the worlds come back from C after every physics step for it, their
-        joint coordinates (no forward kinematics) in Newton's state before it runs."""
+        joint coordinates (no forward kinematics) in Newton's state before it runs. ``late``: (older
+        joint targets (num_envs, coords), split (num_envs,)): each world steps its first ``split``
+        physics steps on the older targets' ctrl, the rest on ``control``'s, all in C (NewtonSim's
+        command latency)."""
         if self._graphs is None:  # the conversions' launches recorded once: replays skip Warp's Python
             # Recording runs each conversion, and a pull turns the state into MuJoCo's coordinates and
             # back (rounded): keep the state as given, so that the first step of a sim, fresh or
@@ -615,6 +619,20 @@ class MuJoCoC(MuJoCo):
         graphs = self._graphs
         if before_each_step is not None:
             before_each_step()
+        self._late = None
+        if late is not None:
+            assert before_each_step is None, "a late command is stepped in C, not by an actuator model"
+            older, split = late
+            if self.steps_motors:  # (the ctrl of the slopes' actuators is not read: a gain of 0)
+                late_ctrl = self.states[:, self.columns["ctrl"]].copy()
+                late_ctrl[:, : len(self._motor_coords)] = older.numpy()[:, self._motor_coords]
+            else:  # MuJoCo's ctrl of the older targets: Newton's conversion, from them
+                newer = self.sim.joint_target_q.clone()
+                self.sim.joint_target_q.copy_(older)
+                wp.capture_launch(graphs["push_control"])
+                late_ctrl = self._d["ctrl"].astype(np.float64)  # (MuJoCo Warp keeps float32)
+                self.sim.joint_target_q.copy_(newer)
+            self._late = (late_ctrl, split.to(torch.int32).numpy())
         wp.capture_launch(graphs["push"])
         self._to_rows("qpos", "qvel", "act", "qfrc_applied", "xfrc_applied")
         if self.steps_motors:  # the PD actuators' ctrl: the joint targets (the slopes' have a gain of 0)
@@ -658,9 +676,10 @@ class MuJoCoC(MuJoCo):
         thread, worlds = share
         model, data = self._thread_models[thread], self._datas[thread]
         memory, slots = self._writes[thread]
+        late_ctrl, split = self._late or (None, None)
         if self._loop is not None:
             _step_in_c(self._loop, self._lib, model, data, self.mj_model, self.states, self._spec, memory, slots,
-                       self._world_values, self.sensors, worlds, steps)
+                       self._world_values, self.sensors, worlds, steps, self.columns["ctrl"].start, late_ctrl, split)
             return
         set_state, get_state, sensor_acc = self._lib.mj_setState, self._lib.mj_getState, self._lib.mj_sensorAcc
         copy_bytes, mj_step, spec, values = ctypes.memmove, self._mj_step, self._spec, self._world_values
@@ -674,7 +693,13 @@ class MuJoCoC(MuJoCo):
                 memory[slots] = values[world]
             state = row + world * row_bytes
             set_state(m, d, state, spec)
-            mj_step(model, data, steps)
+            first = int(split[world]) if split is not None else 0
+            if first:  # the first physics steps on the older ctrl, the rest on the row's (step_worlds.c's order)
+                assert late_ctrl is not None
+                data.ctrl[:] = late_ctrl[world]
+                mj_step(model, data, first)
+                data.ctrl[:] = self.states[world, self.columns["ctrl"]]
+            mj_step(model, data, steps - first)
             get_state(m, d, state, spec)
             if nbytes:
                 sensor_acc(sensing, d)
@@ -743,12 +768,15 @@ class MuJoCoC(MuJoCo):
 
 
 def _step_in_c(loop, lib, model, data, sensing, states: np.ndarray, spec: int, memory: np.ndarray,
-               slots: np.ndarray, values: np.ndarray, sensors: np.ndarray, worlds: range, steps: int) -> None:
+               slots: np.ndarray, values: np.ndarray, sensors: np.ndarray, worlds: range, steps: int,
+               ctrl_column: int = 0, late_ctrl: np.ndarray | None = None, split: np.ndarray | None = None) -> None:
     """The worlds ``worlds`` stepped by step_worlds.c (:func:`_world_loop`) with ``model`` and
     ``data``: each world's ``values`` scattered into ``memory`` at ``slots``, its row of ``states``
-    (``spec``) set, ``steps`` physics steps, the row read back, and where ``sensors`` has columns,
-    the sensors of ``sensing`` evaluated into the world's row. Raises ``mujoco.FatalError`` naming
-    the world where MuJoCo reported an error (the thread's data then reset)."""
+    (``spec``) set, ``steps`` physics steps (the first ``split`` of them, where given, on its row of
+    ``late_ctrl``, the rest on the row's ctrl at ``ctrl_column``), the row read back, and where
+    ``sensors`` has columns, the sensors of ``sensing`` evaluated into the world's row. Raises
+    ``mujoco.FatalError`` naming the world where MuJoCo reported an error (the thread's data then
+    reset)."""
     import mujoco
 
     functions = [ctypes.cast(f, ctypes.c_void_p).value for f in (lib.mj_setState, lib.mj_getState, lib.mj_step,
@@ -757,7 +785,8 @@ def _step_in_c(loop, lib, model, data, sensing, states: np.ndarray, spec: int, m
         model._address, data._address, sensing._address, states.ctypes.data, states.shape[1], spec,
         memory.ctypes.data, slots.ctypes.data, slots.size, values.ctypes.data,
         sensors.ctypes.data, sensors.shape[1], data.sensordata.ctypes.data, *functions,
-        worlds.start, worlds.stop, steps)
+        worlds.start, worlds.stop, steps, data.ctrl.ctypes.data, model.nu, ctrl_column,
+        None if late_ctrl is None else late_ctrl.ctypes.data, None if split is None else split.ctypes.data)
     if failed >= 0:
         mujoco.mj_resetData(model, data)  # MuJoCo left it mid-step
         raise mujoco.FatalError(f"world {failed}: {loop.last_error().decode()}")
@@ -843,7 +872,7 @@ def _load_world_loop(mujoco_library: ctypes.CDLL) -> ctypes.CDLL | None:
     pointer, size = ctypes.c_void_p, ctypes.c_longlong
     loop.step_worlds.argtypes = [pointer, pointer, pointer, pointer, size, ctypes.c_int, pointer, pointer, size,
                                  pointer, pointer, size, pointer, pointer, pointer, pointer, pointer, size, size,
-                                 ctypes.c_int]
+                                 ctypes.c_int, pointer, size, size, pointer, pointer]
     loop.step_worlds.restype = size
     loop.last_error.restype = ctypes.c_char_p
     handler = ctypes.c_void_p.in_dll(mujoco_library, "mju_user_error")

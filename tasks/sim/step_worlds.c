@@ -1,8 +1,8 @@
 /* One thread's share of the worlds of legion-rl's C backend (solver.py, MuJoCoC._step_worlds), in C.
  *
  * For each world of [first, last): its per-world parameters written into the thread's model, its row
- * of integration states set, nstep physics steps, the row read back, and with sensors its sensors
- * evaluated and copied out. MuJoCoC._step_worlds runs the same loop in Python where no C compiler
+ * of integration states set, nstep physics steps (a late command's first ones on older controls),
+ * the row read back, and with sensors its sensors evaluated and copied out. MuJoCoC._step_worlds runs the same loop in Python where no C compiler
  * is found; this one is the same calls in the same order (the states bit for bit the same), in one
  * call that holds no GIL (ctypes releases it), so the threads do not wait for each other between
  * worlds: 8-15% off the physics at 256 worlds (BENCHMARKS.md).
@@ -40,7 +40,8 @@ long long step_worlds(const void *model, void *data, const void *sensing,
                       double *memory, const long long *slots, long long nslots, const double *values,
                       double *sensors, long long nsensor, const double *sensordata,
                       set_state_fn set_state, get_state_fn get_state, data_fn step, data_fn sensor_acc,
-                      long long first, long long last, int nstep) {
+                      long long first, long long last, int nstep,
+                      double *ctrl, long long nu, long long ctrl_column, const double *late_ctrl, const int *split) {
     jmp_buf here;
     volatile long long world = first;
     if (setjmp(here)) {
@@ -53,7 +54,14 @@ long long step_worlds(const void *model, void *data, const void *sensing,
         for (long long i = 0; i < nslots; i++) memory[slots[i]] = value[i];
         double *row = states + world * state_size;
         set_state(model, data, row, spec);
-        for (int k = 0; k < nstep; k++) step(model, data);
+        /* A late command (solver.py: MuJoCoC.step's late): the first split[world] physics steps on
+         * the world's older ctrl, then the row's. */
+        int late = late_ctrl ? split[world] : 0;
+        if (late) memcpy(ctrl, late_ctrl + world * nu, nu * sizeof(double));
+        for (int k = 0; k < nstep; k++) {
+            if (late && k == late) memcpy(ctrl, row + ctrl_column, nu * sizeof(double));
+            step(model, data);
+        }
         get_state(model, data, row, spec);
         if (nsensor) {
             sensor_acc(sensing, data);
