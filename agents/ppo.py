@@ -23,7 +23,7 @@ import torch
 from rsl_rl.algorithms import PPO
 from rsl_rl.env import VecEnv
 from rsl_rl.models import CNNModel, MLPModel, RNNModel
-from rsl_rl.modules import MLP, EmpiricalNormalization
+from rsl_rl.modules import MLP, RNN, EmpiricalNormalization
 from rsl_rl.storage import RolloutStorage
 from tensordict import TensorDict
 
@@ -49,10 +49,16 @@ def _build_model(obs: TensorDict, obs_set: str, output_dim: int, network: Networ
     cfg = {k: v for k, v in asdict(network).items() if k not in ("rnn", "init_noise_std", "estimator", "cnn")}
     rnn, estimator = network.rnn, getattr(network, "estimator", None)
     images = [group for group in obs_groups_for(obs)[obs_set] if obs[group].dim() == 4]
+    if rnn.type not in (None, "lstm", "gru"):
+        raise ValueError(f"agent.{obs_set}.rnn.type={rnn.type!r}: expected lstm, gru or null (a feed-forward MLP)")
     if images:
-        if rnn.type is not None or (estimator is not None and estimator.target is not None):
-            raise ValueError(f"agent.{obs_set}: it reads images ({', '.join(images)}), which a feed-forward network "
-                             f"without an estimator takes (agent.{obs_set}.rnn.type=null, estimator.target=null).")
+        if estimator is not None and estimator.target is not None:
+            raise ValueError(f"agent.{obs_set}: it reads images ({', '.join(images)}), which a network without an "
+                             f"estimator takes (agent.{obs_set}.estimator.target=null).")
+        if rnn.type is not None:
+            return RecurrentImageModel(obs, obs_groups_for(obs), obs_set, output_dim, **cfg, **kwargs,
+                                       cnn_cfg=asdict(network.cnn), rnn_type=rnn.type, rnn_hidden_dim=rnn.hidden_size,
+                                       rnn_num_layers=rnn.num_layers)
         return ImageModel(obs, obs_groups_for(obs), obs_set, output_dim, **cfg, **kwargs, cnn_cfg=asdict(network.cnn))
     if estimator is not None and estimator.target is not None:
         if estimator.target not in obs.keys():
@@ -67,8 +73,6 @@ def _build_model(obs: TensorDict, obs_set: str, output_dim: int, network: Networ
                               estimator_dims=list(estimator.hidden_dims), loss_coef=estimator.loss_coef)
     if rnn.type is None:
         return MLPModel(obs, obs_groups_for(obs), obs_set, output_dim, **cfg, **kwargs)
-    if rnn.type not in ("lstm", "gru"):
-        raise ValueError(f"agent.{obs_set}.rnn.type={rnn.type!r}: expected lstm, gru or null (a feed-forward MLP)")
     return RNNModel(obs, obs_groups_for(obs), obs_set, output_dim, **cfg, **kwargs, rnn_type=rnn.type,
                     rnn_hidden_dim=rnn.hidden_size, rnn_num_layers=rnn.num_layers)
 
@@ -107,6 +111,89 @@ class ImageModel(CNNModel):
         if self.obs_normalization:
             for group in self.obs_groups_2d:
                 cast(_NormalizedCNN, self.cnns[group]).normalizer.update(obs[group])
+
+
+class RecurrentImageModel(ImageModel):
+    """An :class:`ImageModel` with memory: the CNNs' codes and the vector groups pass through an
+    LSTM or GRU (rsl-rl's ``RNN``, as its RNNModel) before the MLP: a pixel policy that remembers
+    what it saw (a forward camera never sees under the hind feet). rsl-rl has no recurrent CNN
+    model; this is its CNNModel and RNNModel joined, trained by its PPO as either (recurrent
+    rollouts: padded trajectories of (T, B, ...) observations, the CNNs fed every image of them at
+    once), exported with the images and the recurrent state as ONNX inputs."""
+
+    is_recurrent = True
+
+    def __init__(self, obs: TensorDict, obs_groups: dict, obs_set: str, output_dim: int, *, rnn_type: str,
+                 rnn_hidden_dim: int, rnn_num_layers: int, **kwargs):
+        self.latent_dim = rnn_hidden_dim  # the MLP's input (MLPModel's __init__ asks _get_latent_dim)
+        super().__init__(obs, obs_groups, obs_set, output_dim, **kwargs)
+        self.rnn = RNN(self.obs_dim + self.cnn_latent_dim, rnn_hidden_dim, rnn_num_layers, rnn_type)
+
+    def _get_latent_dim(self) -> int:
+        return self.latent_dim
+
+    def get_latent(self, obs: TensorDict, masks=None, hidden_state=None) -> torch.Tensor:
+        codes = []
+        for group in self.obs_groups_2d:  # (B, C, H, W), or (T, B, C, H, W) for a recurrent batch
+            images = obs[group]
+            codes.append(self.cnns[group](images.flatten(0, -4)).unflatten(0, images.shape[:-3]))
+        if self.obs_groups:
+            codes.insert(0, MLPModel.get_latent(self, obs))  # the vector groups, concatenated and normalized
+        return self.rnn(torch.cat(codes, dim=-1), masks, hidden_state).squeeze(0)
+
+    def reset(self, dones=None, hidden_state=None) -> None:
+        self.rnn.reset(dones, hidden_state)
+
+    def get_hidden_state(self):
+        return self.rnn.hidden_state
+
+    def detach_hidden_state(self, dones=None) -> None:
+        self.rnn.detach_hidden_state(dones)
+
+    def as_onnx(self, verbose: bool = False) -> torch.nn.Module:
+        return _OnnxRecurrentImageModel(self)
+
+
+class _OnnxRecurrentImageModel(torch.nn.Module):
+    """A :class:`RecurrentImageModel` for ONNX export, in rsl-rl's export wrappers' form: obs,
+    each image group, h_in (and c_in, an LSTM's) -> actions, h_out (and c_out)."""
+
+    is_recurrent = True
+
+    def __init__(self, model: RecurrentImageModel):
+        super().__init__()
+        self.obs_normalizer = copy.deepcopy(model.obs_normalizer)
+        self.cnns = torch.nn.ModuleList([copy.deepcopy(model.cnns[g]) for g in model.obs_groups_2d])
+        self.rnn = copy.deepcopy(model.rnn.rnn)  # the torch module, without rsl-rl's wrapper's state
+        self.mlp = copy.deepcopy(model.mlp)
+        self.deterministic_output = model.distribution.as_deterministic_output_module() \
+            if model.distribution is not None else torch.nn.Identity()
+        self.lstm = isinstance(self.rnn, torch.nn.LSTM)
+        self.groups, self.shapes = list(model.obs_groups_2d), [
+            (c, *hw) for c, hw in zip(model.obs_channels_2d, model.obs_dims_2d)]
+        self.obs_dim = model.obs_dim
+
+    def forward(self, obs: torch.Tensor, *inputs: torch.Tensor):
+        images, state = inputs[: len(self.cnns)], inputs[len(self.cnns):]
+        latent = torch.cat([self.obs_normalizer(obs), *(cnn(x) for cnn, x in zip(self.cnns, images))], dim=-1)
+        if self.lstm:
+            out, (h, c) = self.rnn(latent.unsqueeze(0), (state[0], state[1]))
+            return self.deterministic_output(self.mlp(out.squeeze(0))), h, c
+        out, h = self.rnn(latent.unsqueeze(0), state[0])
+        return self.deterministic_output(self.mlp(out.squeeze(0))), h
+
+    def get_dummy_inputs(self) -> tuple[torch.Tensor, ...]:
+        h = torch.zeros(self.rnn.num_layers, 1, self.rnn.hidden_size)
+        images = [torch.zeros(1, *shape) for shape in self.shapes]
+        return (torch.zeros(1, self.obs_dim), *images, h, *([torch.zeros_like(h)] if self.lstm else []))
+
+    @property
+    def input_names(self) -> list[str]:
+        return ["obs", *self.groups, "h_in", *(["c_in"] if self.lstm else [])]
+
+    @property
+    def output_names(self) -> list[str]:
+        return ["actions", "h_out", *(["c_out"] if self.lstm else [])]
 
 
 class ImageNormalizer(torch.nn.Module):

@@ -179,7 +179,7 @@ class Camera:
     fov: float = 58.0  # vertical field of view [deg] (a RealSense D435's depth imager: 58)
     width: int = 64  # [pixels]
     height: int = 64
-    channels: list[str] = field(default_factory=lambda: ["depth"])  # depth (planar, metres) | rgb
+    channels: list[str] = field(default_factory=lambda: ["depth"])  # depth (planar, metres) | rgb | segmentation
     near: float = 0.1  # [m]: depth nearer than this, or farther than ``far``, reads as no return (0)
     far: float = 5.0  # [m]
     period: int = 1  # a new frame every ``period`` control steps (and at each world's reset)

@@ -229,7 +229,9 @@ class WebViewer:
 
         cameras = self.env.sim.cameras
         assert cameras is not None
-        image = cameras.rgb(name) if "rgb" in cameras.cfgs[name].channels else cameras.depth(name)
+        channels = cameras.cfgs[name].channels
+        image = (cameras.rgb(name) if "rgb" in channels else cameras.depth(name) if "depth" in channels
+                 else cameras.segmentation(name))
         return picture(image[self.follow]).cpu().numpy()
 
     def pace(self, dt: float) -> None:

@@ -54,6 +54,7 @@ from legion.sim2real.deploy.contract import (
     Tracking,
     TrackingTerm,
 )
+from legion.sim2real.deploy.policy import IMAGE_TERMS
 
 if TYPE_CHECKING:
     from legion.api import LoadedRun
@@ -111,6 +112,11 @@ def build_metadata(loaded: LoadedRun, actor) -> PolicyContract:
             start += entry["size"]
     images, cameras = [], {}
     for group in getattr(actor, "obs_groups_2d", []):  # rsl-rl's CNNModel: its image groups, beside obs_groups
+        unknown = [e["name"] for e in layout[group] if e["func"] not in IMAGE_TERMS]
+        if unknown:
+            raise ExportError(f"the actor reads image terms {unknown} of group '{group}', which no robot's camera "
+                              f"gives (the edge runtime builds {sorted(IMAGE_TERMS)}): give them to the critic or a "
+                              "teacher and distil a student that sees depth or RGB.")
         shape = list(env.get_observations()[group].shape[1:])
         images.append(ImageInput(group=group, shape=shape, terms=[
             ObservationTerm(name=e["name"], func=e["func"], group=group, start=e["start"], size=e["size"],
@@ -358,11 +364,12 @@ def compare(model_bytes: bytes, actor, observations: list, expected: tuple, tole
             error = max(error, float(np.abs(single - actions[0][row:row + 1]).max()))
     else:
         batch = flat[0].shape[0]
-        rnn = actor.rnn.rnn
-        state = [np.zeros((rnn.num_layers, batch, rnn.hidden_size), np.float32) for _ in input_names[1:]]
+        rnn, state_names = actor.rnn.rnn, input_names[1 + len(images):]
+        state = [np.zeros((rnn.num_layers, batch, rnn.hidden_size), np.float32) for _ in state_names]
         error = 0.0
-        for obs, ref in zip(flat, actions):
-            out = session.run(None, {"obs": obs, **dict(zip(input_names[1:], state))})
+        for obs, step, ref in zip(flat, observations, actions):
+            out = session.run(None, {"obs": obs, **{g: step[g].cpu().numpy() for g in images},
+                                     **dict(zip(state_names, state))})
             state = out[1:]
             error = max(error, float(np.abs(out[0] - ref).max()))
         for got_h, ref_h in zip(state, hidden):

@@ -412,3 +412,84 @@ def test_sim2sim_runs_a_pixel_policy_of_a_goal_task_through_mujocos_renderer(tmp
     assert result["loop"]["stops"] == 0
     for newton, mujoco in zip(result["newton"], result["mujoco"]):
         assert mujoco["final_distance_m"] == pytest.approx(newton["final_distance_m"], abs=0.01)
+
+
+def test_segmentation_labels_each_entity_and_an_actor_that_reads_it_is_not_exported(tmp_path, monkeypatch):
+    """A camera fixed in the env frame, ahead of the robot, looking along +x at the wall sees the wall (a fixture: label
+    3, after the robot's 2), the ground below it (1) and nothing above (0); one looking back at the
+    robot sees it (2) where its depth is nearest. The observation term segmentation_mask is 1
+    exactly there; a picture colours each label; and an actor that reads it is refused by export,
+    which names the term (no robot's camera gives segmentation)."""
+    from conftest import legion_in_process
+    from legion.tasks.sim.camera import PALETTE, picture
+
+    ahead = "+task.scene.cameras.ahead={pos: [0.6, 0, 0.5], width: 32, height: 24, fov: 60, channels: [segmentation]}"
+    back = ("+task.scene.cameras.back={pos: [0.7, 0, 0.3], quat: [0, 0, 1, 0], width: 32, height: 24, fov: 60, "
+            "channels: [depth, segmentation]}")
+    env = make_env("task=quadruped_flat", "sim.num_envs=2", WALL, ahead, back,
+                   "+task.observations.critic_seg={robot: {func: segmentation_mask, "
+                   "params: {camera: back, entities: [robot, ground]}}}")
+    cameras = env.sim.cameras
+    assert cameras.labels == {"none": 0, "ground": 1, "robot": 2, "wall": 3}
+    seen = cameras.segmentation("ahead")
+    assert seen.shape == (2, 24, 32) and seen.dtype == torch.uint8
+    assert (seen[:, 8:16] == 3).all() and (seen[:, -1] == 1).all() and (seen[:, 0] == 0).all()
+    labels, depth = cameras.segmentation("back"), cameras.depth("back")
+    robot = labels == 2
+    assert robot.sum(dim=(1, 2)).min() > 20  # the robot fills part of the view, in both worlds
+    assert depth[robot].max() < depth[labels == 1].max()  # nearer than the far ground
+    mask = env.get_observations()["critic_seg"]
+    assert mask.shape == (2, 2, 24, 32) and torch.equal(mask[:, 0] > 0, robot) and torch.equal(mask[:, 1] > 0,
+                                                                                                  labels == 1)
+    colours = picture(labels[0])
+    assert colours.shape == (24, 32, 3) and torch.equal(colours[robot[0]][0], PALETTE[2])
+    with pytest.raises(ValueError, match=r"entities \['table'\] are not in the scene; its labels: \['ground', "
+                                         r"'robot', 'wall'\]"):
+        make_env("task=quadruped_flat", "sim.num_envs=1", WALL, back, "+task.observations.critic_seg={t: "
+                 "{func: segmentation_mask, params: {camera: back, entities: [table]}}}")
+
+    monkeypatch.chdir(tmp_path)
+    code, _, err = legion_in_process(
+        "train", "task=quadruped_flat", "sim.num_envs=4", "agent.max_iterations=1", "agent.num_steps_per_env=4",
+        WALL, back, "+task.observations.policy_seg={robot: {func: segmentation_mask, params: {camera: back}}}")
+    assert code == 0, err[-2000:]
+    run = next((tmp_path / "runs" / "quadruped_flat").iterdir())
+    code, out, err = legion_in_process("export", f"run={run}")
+    assert code != 0 and "the actor reads image terms ['robot'] of group 'policy_seg', which no robot's camera " \
+                         "gives" in out + err, out[-1000:] + err[-2000:]
+
+
+def test_a_recurrent_pixel_policy_trains_exports_and_remembers_in_the_edge_runtime(tmp_path, monkeypatch):
+    """quadruped_rough_depth's actor reads a depth image and proprioception through an LSTM (a CNN
+    and rsl-rl's RNN joined): PPO trains it from padded trajectories of images; `legion export`
+    writes obs, the image and the LSTM's state as ONNX inputs (its check: onnxruntime against torch
+    over a rollout, the state carried); the edge runtime acts as the torch policy does, step after
+    step, its memory carried: the same image twice gives two different actions."""
+    from conftest import SMALL_TERRAIN, legion_in_process
+    from legion import api
+    from legion.sim2real.deploy import PolicyRunner
+
+    monkeypatch.chdir(tmp_path)
+    small = ("task=quadruped_rough_depth", "sim.num_envs=4", "agent.actor.rnn.hidden_size=16",
+             "task.scene.cameras.front.width=16", "task.scene.cameras.front.height=12", *SMALL_TERRAIN)
+    code, _, err = legion_in_process("train", *small, "agent.max_iterations=2", "agent.num_steps_per_env=8")
+    assert code == 0, err[-2000:]
+    run = next((tmp_path / "runs" / "quadruped_rough_depth").iterdir())
+    code, out, err = legion_in_process("export", f"run={run}")
+    assert code == 0, err[-2000:]
+    runner = PolicyRunner(run / "exported" / "policy.onnx")
+    meta = runner.metadata
+    assert meta.onnx.inputs == ["obs", "policy_depth", "h_in", "c_in"] and meta.onnx.recurrent.type == "lstm"
+
+    loaded = api.load_run(run, None, ["sim.num_envs=4"])
+    env, policy = loaded.env, loaded.runner.policy
+    env.noise_enabled = False
+    obs = env.refresh_observations()
+    state, actions = None, []
+    for _ in range(3):
+        with torch.inference_mode():
+            expected = policy(obs).numpy()
+        got, state = runner.policy(obs["policy"].numpy(), state, {"policy_depth": obs["policy_depth"].numpy()})
+        assert np.abs(got - expected).max() <= 1e-5
+        actions.append(got)
+    assert np.abs(actions[2] - actions[1]).max() > 1e-6  # the same observation, another memory

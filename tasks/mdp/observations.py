@@ -120,3 +120,18 @@ def rgb_image(env, camera: str) -> torch.Tensor:
     cameras = scene_camera(env, camera)
     rgb = cameras.rgb(camera).permute(0, 3, 1, 2).float() / 255.0
     return (rgb * cameras.noise[camera]["gain"][:, :, None, None]).clamp(0.0, 1.0)
+
+
+def segmentation_mask(env, camera: str, entities: list[str] | str = "robot") -> torch.Tensor:
+    """(num_envs, len(entities), height, width) 1 where the camera sees each entity (``robot``, an
+    object or fixture by name, or ``ground``), else 0: its segmentation channel. A simulator's
+    privilege, no robot camera's: for a critic or a teacher (``legion export`` refuses an actor
+    that reads it)."""
+    cameras = scene_camera(env, camera)
+    names = [entities] if isinstance(entities, str) else list(entities)
+    unknown = [n for n in names if n not in cameras.labels or n == "none"]
+    if unknown:
+        raise ValueError(f"segmentation_mask: entities {unknown} are not in the scene; its labels: "
+                         f"{[n for n in cameras.labels if n != 'none']}")
+    labels = cameras.segmentation(camera)
+    return torch.stack([labels == cameras.labels[n] for n in names], dim=1).float()

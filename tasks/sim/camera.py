@@ -13,6 +13,9 @@ Conventions, one definition from training to the robot:
   renderer give), not the distance along each ray. A pixel with no surface between ``near``
   and ``far`` reads 0 ("no return", a depth camera driver's convention).
 - **RGB** is 8-bit sRGB.
+- **Segmentation** is a label per pixel (uint8): 0 nothing, 1 the ground, 2 + i the scene's i-th
+  entity (the robot 2, then the objects and fixtures in config order): :attr:`Cameras.labels`.
+  A simulator's privilege (no robot's camera gives it): for critics, teachers and inspection.
 
 A frame is rendered when it is read after the state changed: every ``period`` control steps for
 every world, and for a world that was reset since its last frame (a new episode never sees the
@@ -30,8 +33,11 @@ import warp as wp
 
 from legion.tasks.math import quat_mul, quat_rotate
 
-CHANNELS = ("depth", "rgb")
-BYTES_PER_PIXEL = {"depth": 4, "rgb": 4}  # float32 depth; packed RGBA
+CHANNELS = ("depth", "rgb", "segmentation")
+BYTES_PER_PIXEL = {"depth": 4, "rgb": 4, "segmentation": 4}  # float32 depth; packed RGBA; uint32 shape index
+# A colour per segmentation label (nothing black, the ground grey, the robot orange, then others), cycled
+PALETTE = torch.tensor([[0, 0, 0], [110, 110, 110], [255, 140, 0], [30, 144, 255], [50, 205, 50], [220, 20, 60],
+                        [238, 130, 238], [255, 215, 0]], dtype=torch.uint8)
 # Newton's (OpenGL) camera frame in ours: its x (right) is our -y, its y (up) our z, its z (back) our -x.
 GL_IN_CAMERA = (0.5, -0.5, -0.5, 0.5)
 
@@ -76,9 +82,12 @@ def scene_camera(env, camera: str):
 
 def picture(image: torch.Tensor) -> torch.Tensor:
     """One world's image to look at, (H, W, 3) uint8: RGB as it is; depth (H, W) grey, its nearest
-    return white, its farthest dark grey, no return black."""
+    return white, its farthest dark grey, no return black; segmentation labels (H, W) uint8 a colour
+    each (:data:`PALETTE`)."""
     if image.dim() == 3:
         return image
+    if image.dtype == torch.uint8:
+        return PALETTE.to(image.device)[image.long() % len(PALETTE)]
     returns = image[image > 0]
     near, far = (returns.min(), returns.max()) if returns.numel() else (0.0, 1.0)
     grey = torch.where(image > 0, 64 + 191 * (far - image) / max(float(far - near), 1e-6), 0.0)
@@ -103,6 +112,7 @@ class Cameras:
 
     Attributes:
         cfgs: the configs by name.
+        labels: segmentation label by name: ``none`` 0, ``ground`` 1, then each scene entity's.
     """
 
     def __init__(self, sim, scene, lock):
@@ -133,9 +143,18 @@ class Cameras:
                                 "gain": torch.ones(n, 3, device=device)}
             self._rays[name] = SensorCamera.compute_camera_rays_pinhole(
                 cam.width, cam.height, camera_fov=math.radians(cam.fov), device=device)
-            allocate = {"depth": self.sensor.allocate_image_depth_forward, "rgb": self.sensor.allocate_image_color}
+            allocate = {"depth": self.sensor.allocate_image_depth_forward, "rgb": self.sensor.allocate_image_color,
+                        "segmentation": self.sensor.allocate_image_shape_index}
             self._images[name] = {c: allocate[c](n, cam.width, cam.height) for c in cam.channels}
             self._due[name] = torch.ones(n, dtype=torch.bool, device=device)
+        # Segmentation: each shape's label, world after world (the replicated layout), the ground's after
+        self.labels = {"none": 0, "ground": 1} | {name: 2 + i for i, name in enumerate(sim.scene)}
+        per_world = torch.ones(sim.shapes_per_world, dtype=torch.uint8)
+        for name, entity in sim.scene.items():
+            per_world[entity.slices.shapes] = self.labels[name]
+        self._shape_label = torch.ones(sim.model.shape_count, dtype=torch.uint8)
+        self._shape_label[: n * sim.shapes_per_world] = per_world.repeat(n)
+        self._shape_label = self._shape_label.to(device)
         self.mount_defaults = {name: (self.mount_pos[name].clone(), self.mount_quat[name].clone())
                                for name in self.cfgs}
         # Image latency (event image_latency): per world, how many control steps late its images are
@@ -205,7 +224,8 @@ class Cameras:
         if rings is None or size > len(next(iter(rings.values()))):
             n, cam = self.sim.num_envs, self.cfgs[name]
             shapes = {"depth": ((cam.height, cam.width), torch.float32),
-                      "rgb": ((cam.height, cam.width, 3), torch.uint8)}
+                      "rgb": ((cam.height, cam.width, 3), torch.uint8),
+                      "segmentation": ((cam.height, cam.width), torch.uint8)}
             self._past[name] = {c: torch.zeros(size, n, *shapes[c][0], dtype=shapes[c][1], device=self.sim.device)
                                 for c in cam.channels}
             for c in cam.channels:  # a new ring holds no frames yet: filled with the next one
@@ -235,6 +255,13 @@ class Cameras:
         """(num_envs, height, width, 3) uint8 sRGB, late as :meth:`depth`."""
         return self._late(name, "rgb", wp.to_torch(self._rendered(name, "rgb")).view(torch.uint8)
                           .unflatten(-1, (-1, 4))[..., :3])
+
+    def segmentation(self, name: str) -> torch.Tensor:
+        """(num_envs, height, width) uint8 labels (:attr:`labels`), late as :meth:`depth`."""
+        shape = wp.to_torch(self._rendered(name, "segmentation")).view(torch.int32)  # no surface: 0xFFFFFFFF, -1
+        seen = (shape >= 0) & (shape < len(self._shape_label))
+        labels = torch.where(seen, self._shape_label[shape.clamp(0, len(self._shape_label) - 1).long()], 0)
+        return self._late(name, "segmentation", labels.to(torch.uint8))
 
     def _late(self, name: str, channel: str, frame: torch.Tensor) -> torch.Tensor:
         """``frame`` (this step's) joins the camera's ring once per step; per world, the frame of
@@ -288,7 +315,7 @@ class Cameras:
         else:
             self._poses_t.copy_(self.pose(name))
             torch.where(due, self._world, self._skip, out=wp.to_torch(self._world_indices))
-            outputs = {"depth": "forward_depth_image", "rgb": "color_image"}
+            outputs = {"depth": "forward_depth_image", "rgb": "color_image", "segmentation": "shape_index_image"}
             channels = {outputs[c]: image for c, image in images.items()}
             with self._lock:
                 version = self.sim.body_q._version
