@@ -2,10 +2,12 @@
 
 The logs are the control loop's (``legion deploy ... log=DIR``, :mod:`legion.sim2real.deploy.log`):
 best an identification routine with the robot hung (``excite=chirp``, the base held: the legs'
-motion is then the motors' and the joints' alone). The model is the export's ``robot.mjb`` with
-the parameters of a reality (:class:`~legion.sim2real.reality.RealityRobot`), hung as the robot
-was: each short window of the log (``window_s``) starts from the logged joint positions and
-velocities and replays the logged targets; the loss is the mean squared joint-position error
+motion is then the motors' and the joints' alone); with the robot standing or walking
+(``hung=False``) the base's payload too, which the stance legs' torques carry. The model is the
+export's ``robot.mjb`` with the parameters of a reality
+(:class:`~legion.sim2real.reality.RealityRobot`), hung as the robot was or free: each short window
+of the log (``window_s``) starts from the logged joint positions and velocities (and a free base's
+logged pose and velocity) and replays the logged targets; the loss is the mean squared joint-position error
 over the windows, in units of the logged motion's variance, plus, where the log holds the motors'
 torques (a Unitree robot's tau_est), their mean squared error in units of their variance: from
 positions alone the gains, the damping and the armature can be scaled together with the same
@@ -34,11 +36,13 @@ from pathlib import Path
 
 import numpy as np
 
-# name -> prior range; all but latency_ms apply to every policy joint alike
+# name -> prior range; the joints' apply to every policy joint alike (or per joint group)
 PARAMETERS = {"kp_scale": (0.5, 1.5), "kd_scale": (0.3, 3.0), "coulomb_friction": (0.0, 1.0),
-              "viscous_friction": (0.0, 0.5), "armature": (0.0, 0.1), "latency_ms": (0.0, 30.0)}
+              "viscous_friction": (0.0, 0.5), "armature": (0.0, 0.1), "latency_ms": (0.0, 30.0),
+              "added_mass_kg": (-3.0, 10.0)}
 NOMINAL = {"kp_scale": 1.0, "kd_scale": 1.0, "coulomb_friction": 0.0, "viscous_friction": 0.0, "armature": None,
-           "latency_ms": 0.0}
+           "latency_ms": 0.0, "added_mass_kg": 0.0}
+WHOLE_ROBOT = ("latency_ms", "added_mass_kg")  # one value for the robot, not per joint group
 FLAT_RISE = 0.05  # relative loss rise below which a parameter is not pinned down
 HUNG_ANG_VEL = 0.5  # [rad/s] a logged base turning faster was not hung
 
@@ -49,11 +53,19 @@ class Window:
     joint_vel: np.ndarray  # (T + 1, J)
     targets: np.ndarray  # (T, J) written at each tick
     joint_torque: np.ndarray | None  # (T + 1, J) the motors' tau_est, where logged
+    base: np.ndarray | None = None  # (13,) a free base's state at the start: position [m], quaternion
+    # (x, y, z, w), linear and angular velocity (base frame) [m/s, rad/s]; None: the robot hung
 
 
-def load_windows(folder: str | Path, joint_names: list[str], control_dt: float, window_s: float) -> list[Window]:
+BASE_KEYS = ("base_pos", "base_quat", "base_lin_vel", "base_ang_vel")
+
+
+def load_windows(folder: str | Path, joint_names: list[str], control_dt: float, window_s: float,
+                 hung: bool = True) -> list[Window]:
     """The logged episodes of ``folder`` cut into windows of ``window_s``; ValueError naming what is
-    wrong with a log: another robot's joints or order, non-finite rows, too short."""
+    wrong with a log: another robot's joints or order, non-finite rows, too short, a base that
+    turns in a log said to be hung, a free one without its state. ``hung=False``: the robot stood
+    or walked; each window keeps its base's state at its start."""
     files = sorted(Path(folder).glob("episode_*.npz"))
     if not files:
         raise ValueError(f"log={folder}: no episode_*.npz (the logs of `legion deploy ... log=DIR`)")
@@ -68,33 +80,40 @@ def load_windows(folder: str | Path, joint_names: list[str], control_dt: float, 
         if abs(meta["control_dt"] - control_dt) > 1e-9:
             raise ValueError(f"{file}: logged at a control dt of {meta['control_dt']} s, the run's is {control_dt} s")
         ran = episode["mode"] == 0  # ticks where the loop wrote targets (policy or routine)
-        if "base_ang_vel" in episode.files:
+        missing = [k for k in BASE_KEYS if k not in episode.files]
+        if not hung and missing:
+            raise ValueError(f"{file}: a log of a free base (hung=false) needs the base's state, and {missing} "
+                             "are not logged")
+        if hung and "base_ang_vel" in episode.files:
             turning = float(np.nanmax(np.abs(episode["base_ang_vel"][ran]), initial=0.0))
             if turning > HUNG_ANG_VEL:
-                raise ValueError(f"{file}: the base turned at up to {turning:.2f} rad/s: calibrating takes logs of "
-                                 "the robot hung (its base held still; legion bridge hung=true in simulation) "
-                                 "running an excitation (legion deploy ... excite=chirp)")
+                raise ValueError(f"{file}: the base turned at up to {turning:.2f} rad/s: a log of the robot hung "
+                                 "(its base held still; legion bridge hung=true in simulation) running an "
+                                 "excitation (legion deploy ... excite=chirp), or say it stood or walked: hung=false")
         q, dq, targets = episode["joint_pos"][ran], episode["joint_vel"][ran], episode["targets"][ran]
         tau = episode["joint_torque"][ran] if "joint_torque" in episode.files else None
+        base = None if hung else np.concatenate([episode[k][ran] for k in BASE_KEYS], axis=1)
         bad = ~(np.isfinite(q).all(1) & np.isfinite(dq).all(1) & np.isfinite(targets).all(1)
-                & (np.isfinite(tau).all(1) if tau is not None else True))
+                & (np.isfinite(tau).all(1) if tau is not None else True)
+                & (np.isfinite(base).all(1) if base is not None else True))
         if bad.any():
             raise ValueError(f"{file}: {int(bad.sum())} of its {len(q)} ticks hold NaN or infinite values "
                              f"(first at tick {int(np.flatnonzero(bad)[0])}); drop them from the log")
         for start in range(0, len(q) - length, length):
             span = slice(start, start + length + 1)
             windows.append(Window(q[span], dq[span], targets[start:start + length],
-                                  tau[span] if tau is not None else None))
+                                  tau[span] if tau is not None else None, None if base is None else base[start]))
     if len(windows) < 4:
         raise ValueError(f"log={folder}: {len(windows)} windows of {window_s:g} s; calibrating needs at least 4 "
                          f"({4 * window_s:g} s of logged control)")
     return windows
 
 
-def excitation_log(exported: str | Path, reality, excitation, folder: str | Path) -> Path:
-    """The log of ``excitation`` run on the export's robot made of ``reality``, hung, through the
-    control loop in simulated time: what ``legion deploy ... excite=... log=folder`` writes against
-    ``legion bridge ... reality=... hung=true``, without DDS or the wall clock. Returns ``folder``."""
+def excitation_log(exported: str | Path, reality, excitation, folder: str | Path, hung: bool = True) -> Path:
+    """The log of ``excitation`` run on the export's robot made of ``reality``, hung (or standing
+    on the floor), through the control loop in simulated time: what ``legion deploy ... excite=...
+    log=folder`` writes against ``legion bridge ... reality=... hung=true``, without DDS or the
+    wall clock. Returns ``folder``."""
     from legion.sim2real.deploy import ControlLoop, PolicyRunner
     from legion.sim2real.deploy.excite import ExcitationRunner
     from legion.sim2real.deploy.log import TrajectoryLog
@@ -103,7 +122,8 @@ def excitation_log(exported: str | Path, reality, excitation, folder: str | Path
     exported = Path(exported)
     routine = ExcitationRunner(PolicyRunner(exported / "policy.onnx"), excitation)
     robot = RealityRobot(exported / "robot.mjb", routine.metadata, reality)
-    robot.hang()
+    if hung:
+        robot.hang()
     with TrajectoryLog(folder, routine) as log:
         ControlLoop(robot, routine, now=robot.time, realtime=False, logger=log).run(routine.ticks)
     return Path(folder)
@@ -111,11 +131,12 @@ def excitation_log(exported: str | Path, reality, excitation, folder: str | Path
 
 def fitted(params: list[str], groups: dict[str, str] | None = None) -> list[str]:
     """The names of the fitted values: each joint parameter once per joint group (``kp_scale@calf``),
-    or once for every joint (``kp_scale``) without groups; latency once. ValueError for an unknown one."""
+    or once for every joint (``kp_scale``) without groups; latency and the base's mass once.
+    ValueError for an unknown one."""
     unknown = [p for p in params if p not in PARAMETERS]
     if unknown or not params:
         raise ValueError(f"params={','.join(params)}: choose from {', '.join(PARAMETERS)}")
-    return [name for p in params for name in ([p] if p == "latency_ms" or not groups else [f"{p}@{g}" for g in groups])]
+    return [name for p in params for name in ([p] if p in WHOLE_ROBOT or not groups else [f"{p}@{g}" for g in groups])]
 
 
 def _base(name: str) -> str:
@@ -139,20 +160,32 @@ class Fit:
         self.evaluations = 0
 
     def robot(self, values: dict):
-        from legion.sim2real.reality import Joints, Latency, Reality, RealityRobot
+        from legion.sim2real.reality import Base, Joints, Latency, Reality, RealityRobot
 
         joints = {pattern: Joints(**joint) for pattern, joint in joint_groups(values, self.groups).items()}
-        reality = Reality(name="candidate", latency_ms=Latency(values.get("latency_ms") or 0.0), joints=joints)
+        reality = Reality(name="candidate", latency_ms=Latency(values.get("latency_ms") or 0.0), joints=joints,
+                          base=Base(added_mass_kg=values.get("added_mass_kg") or 0.0))
         robot = RealityRobot(copy.copy(self.model), self.metadata, reality)
-        robot.hang()  # as the logged robot was
+        if self.windows[0].base is None:
+            robot.hang()  # as the logged robot was
         return robot
 
     def simulate(self, values: dict, windows: list[Window]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per window, the simulated joint positions and motor torques after each logged target: (T, J) each."""
+        import mujoco
+
         robot, out = self.robot(values), []
         for w in windows:
             robot.reset(joint_pos=w.joint_pos[0])
             robot.data.qvel[robot.qvel_ids] = w.joint_vel[0]
+            if w.base is not None:  # a free base where the log had it (MuJoCo: w x y z; linear velocity in the world)
+                pos, (x, y, z, qw), lin, ang = w.base[:3], w.base[3:7], w.base[7:10], w.base[10:13]
+                d = robot.data
+                d.qpos[0:3], d.qpos[3:7] = pos, (qw, x, y, z)
+                turn = np.empty(9)
+                mujoco.mju_quat2Mat(turn, d.qpos[3:7])
+                d.qvel[0:3], d.qvel[3:6] = turn.reshape(3, 3) @ lin, ang
+                mujoco.mj_forward(robot.model, d)
             robot.acting = (w.targets[0].astype(np.float64), *robot.acting[1:])  # sent before the window began
             positions, torques = [], []
             for targets in w.targets:
@@ -187,7 +220,7 @@ class Fit:
 def joint_groups(values: dict, groups: dict[str, str] | None) -> dict[str, dict]:
     """The joint parameters of ``values`` per joint pattern (a reality file's ``joints``)."""
     patterns = groups or {"": ".*"}
-    return {pattern: {_base(k): v for k, v in values.items() if k != "latency_ms" and v is not None
+    return {pattern: {_base(k): v for k, v in values.items() if k not in WHOLE_ROBOT and v is not None
                       and (k.partition("@")[2] == label)}
             for label, pattern in patterns.items()}
 
@@ -213,14 +246,15 @@ def _search(fit: Fit, start: np.ndarray, sigma: float, budget: int, seed: int, s
 def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s: float = 0.5,
               max_evaluations: int = 600, bootstrap: int = 8, bootstrap_evaluations: int = 60, seed: int = 0,
               out_dir: str | Path | None = None, groups: dict[str, str] | None = None, say=print,
-              task: dict | None = None) -> dict:
+              task: dict | None = None, hung: bool = True) -> dict:
     """``legion calibrate`` as a function (module docstring). Returns the report it writes.
-    ``task``: the run's ``task`` config (plain dicts) for the training overlay (:func:`training_overlay`)."""
+    ``task``: the run's ``task`` config (plain dicts) for the training overlay (:func:`training_overlay`).
+    ``hung=False``: the logs are of the robot standing or walking (:func:`load_windows`)."""
     from legion.sim2real.deploy.contract import PolicyContract
 
     exported = Path(exported)
     meta = PolicyContract.load(exported / "policy.json")
-    windows = load_windows(log, meta.joint_names, meta.control_dt, window_s)
+    windows = load_windows(log, meta.joint_names, meta.control_dt, window_s, hung)
     held_out = windows[3::4]
     fitting = [w for i, w in enumerate(windows) if i % 4 != 3]
     names = fitted(params, groups)
@@ -269,6 +303,8 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
     (out / "calibration.json").write_text(json.dumps(report, indent=2))
     lines = ["# Calibrated by `legion calibrate` from " + str(log), "name: calibrated",
              f"latency_ms: {{mean: {best.get('latency_ms', 0.0):.3f}}}"]
+    if "added_mass_kg" in best:
+        lines.append(f"base: {{added_mass_kg: {best['added_mass_kg']:.4f}}}")
     joints = {pattern: joint for pattern, joint in joint_groups(best, groups).items() if joint}
     if joints:
         lines.append("joints:")
@@ -297,7 +333,7 @@ def estimate_range(report: dict, name: str) -> tuple[float, float]:
     if not profile["pinned"]:
         return low, high
     half = max(value - profile["bootstrap"][0], profile["bootstrap"][1] - value, 0.0)
-    return max(value - half, 0.0), value + half
+    return max(value - half, low), value + half
 
 
 def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: dict | None = None) -> str:
@@ -308,7 +344,8 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
 
     Viscous friction b adds to the PD damping kd (both oppose the joint's speed): it joins the
     damping scale as kd_scale + b / kd where a group's joints share one kd. Latency: the event
-    ``command_latency`` (physics steps) over its range, in place of the task's ``action_delay``."""
+    ``command_latency`` (physics steps) over its range, in place of the task's ``action_delay``.
+    A payload: the event ``added_mass`` on the base, in place of the task's own."""
     import re
 
     estimates, task = report["estimates"], task or {}
@@ -319,7 +356,8 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
     lines = ["defaults:", f"  - {meta.task}", "  - _self_", "task:", "  events:"]
     funcs = set()
     for label, pattern in (groups or {"all": ".*"}).items():
-        fitted_here = {_base(n): n for n in estimates if n != "latency_ms" and (n.partition("@")[2] or "all") == label}
+        fitted_here = {_base(n): n for n in estimates
+                       if n not in WHOLE_ROBOT and (n.partition("@")[2] or "all") == label}
         ranges = {p: estimate_range(report, n) for p, n in fitted_here.items()}
         if "viscous_friction" in ranges:
             kd = {d for name, d in zip(meta.joint_names, meta.joint_damping) if re.fullmatch(pattern, name)}
@@ -338,6 +376,11 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
         low, high = estimate_range(report, "latency_ms")
         lines.append(f"    calibrated_latency: {{func: command_latency, mode: reset, range: [{low:.4g}, {high:.4g}]}}"
                      f"   # ms, in physics steps of {meta.physics_dt * 1000:g} ms")
+    if "added_mass_kg" in estimates:  # the base's mass, in kg added to the model's
+        funcs.add("added_mass")
+        low, high = estimate_range(report, "added_mass_kg")
+        lines.append(f"    calibrated_added_mass: {{func: added_mass, mode: startup, range: [{low:.4g}, {high:.4g}], "
+                     "params: {bodies: '${task.scene.robot.bodies.base}'}}   # kg")
     for name, event in task.get("events", {}).items():
         if (event.get("func") or name) in funcs and event.get("enabled", True):
             lines.append(f"    {name}: {{enabled: false}}   # the calibrated draw above replaces it")

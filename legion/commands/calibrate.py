@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from legion.commands import UsageError, number, run_args
+from legion.commands import UsageError, flag, number, run_args
 
 HELP = """usage: legion calibrate run=<run or exported folder> log=<folder of logs>
                         [params=kp_scale,coulomb_friction,latency_ms] [window_s=0.5] [evaluations=600]
-                        [groups=NAME:REGEX,...] [bootstrap=8] [seed=0] [out=DIR]
+                        [groups=NAME:REGEX,...] [hung=true] [bootstrap=8] [seed=0] [out=DIR]
 
 Fits the motor and joint parameters of the export's robot.mjb (the model the policy trained on)
 to a robot's logs (`legion deploy ... log=DIR`; best an identification routine with the robot
@@ -23,7 +23,10 @@ task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calib
 
   params=           which to fit: kp_scale, kd_scale (the drivers' effective gains), coulomb_friction
                     [N m], viscous_friction [N m s/rad], armature [kg m^2] (every joint alike, or
-                    per group), latency_ms
+                    per group), latency_ms, added_mass_kg (a payload on the base: logs of the robot
+                    standing or walking, hung=false)
+  hung=true         the logs are of the robot hung (its base held still); false: standing or
+                    walking, each window started from the logged base pose and velocity
   groups=           joint groups fitted apart, e.g. calf:.*_calf_joint,upper:.*_(hip|thigh)_joint
                     (a joint in none keeps the model's values; a regex may not hold a comma)
   window_s=0.5      replay window [s]
@@ -31,8 +34,8 @@ task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calib
   evaluations=600   CMA-ES's budget (one evaluation replays every window once; ~10 per second on
                     a Go2 with 8 s of logs)
 
-The logs must be of the robot hung (its base held still: legion bridge hung=true in simulation);
-a log whose base turns is refused. Logs of a standing or walking robot are not supported yet.
+With hung=true a log whose base turns is refused (hung: legion bridge hung=true in simulation);
+with hung=false the logs must hold the base's state (a Unitree robot's sport-mode estimate).
 """
 
 
@@ -48,7 +51,7 @@ def run(args: list[str]) -> None:
         return
     run, o, unknown = run_args(args, HELP, {"log": None, "params": "kp_scale,coulomb_friction,latency_ms",
                                             "window_s": "0.5", "evaluations": "600", "bootstrap": "8", "seed": "0",
-                                            "groups": "", "out": None})
+                                            "groups": "", "out": None, "hung": "true"})
     if unknown:
         raise UsageError(f"unknown option(s) {' '.join(unknown)}\n\n{HELP}")
     if not o["log"]:
@@ -67,5 +70,5 @@ def run(args: list[str]) -> None:
     calibrate(o["log"], exported, [p for p in o["params"].split(",") if p],
               number("window_s", o["window_s"], float), number("evaluations", o["evaluations"]),
               number("bootstrap", o["bootstrap"]), seed=number("seed", o["seed"]), out_dir=o["out"],
-              groups=groups or None,
+              groups=groups or None, hung=flag("hung", o["hung"]),
               say=lambda line: print(line, flush=True), task=task)  # pyright: ignore[reportArgumentType]
