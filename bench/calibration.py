@@ -8,6 +8,8 @@ against calibrated, and the seconds the fit took.
     python bench/calibration.py --run <Go2 run or export> [--realities go2_worn_motors go2_payload go2_backlash]
         [--params kp_scale kd_scale coulomb_friction armature latency_ms] [--groups calf:.*_calf_joint ...]
         [--seconds 20] [--evaluations 900] [--bootstrap 4]
+    python bench/calibration.py --run <Go2 run> --standing --params kp_scale added_mass_kg --amplitude 0.05 \
+        --groups   # standing on the floor: the payload from the stance legs' torques
 """
 
 import argparse
@@ -28,6 +30,8 @@ def truth(exported: Path, reality, name: str, groups: dict) -> float:
     """The reality's value of a fitted parameter (``kp_scale@calf``): the mean over the group's joints."""
     if name == "latency_ms":
         return reality.latency_ms.mean
+    if name == "added_mass_kg":
+        return reality.base.added_mass_kg
     param, _, group = name.partition("@")
     meta = PolicyContract.load(exported / "policy.json")
     robot, nominal = (RealityRobot(exported / "robot.mjb", meta, r) for r in (reality, Reality()))
@@ -52,6 +56,9 @@ def main() -> None:
     parser.add_argument("--amplitude", type=float, default=0.15)
     parser.add_argument("--evaluations", type=int, default=900)
     parser.add_argument("--bootstrap", type=int, default=4)
+    parser.add_argument("--standing", action="store_true",
+                        help="the robot standing on the floor, not hung (calibrate hung=false; e.g. --params "
+                             "kp_scale added_mass_kg --amplitude 0.05)")
     args = parser.parse_args()
     exported = next(f for f in (Path(args.run), Path(args.run) / "exported") if (f / "robot.mjb").is_file())
     groups = dict(g.split(":", 1) for g in args.groups)
@@ -59,9 +66,10 @@ def main() -> None:
     for name in args.realities:
         reality = load_reality(name)
         with tempfile.TemporaryDirectory() as folder:
-            log = excitation_log(exported, reality, Excitation("chirp", args.amplitude, args.seconds), folder)
+            log = excitation_log(exported, reality, Excitation("chirp", args.amplitude, args.seconds), folder,
+                                 hung=not args.standing)
             report = calibrate(log, exported, args.params, max_evaluations=args.evaluations, bootstrap=args.bootstrap,
-                               groups=groups or None, say=lambda line: None)
+                               groups=groups or None, say=lambda line: None, hung=not args.standing)
         reports[name] = report
         rmse = report["held_out_rmse_rad"]
         for value, estimate in report["estimates"].items():
