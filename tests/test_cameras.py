@@ -493,3 +493,27 @@ def test_a_recurrent_pixel_policy_trains_exports_and_remembers_in_the_edge_runti
         assert np.abs(got - expected).max() <= 1e-5
         actions.append(got)
     assert np.abs(actions[2] - actions[1]).max() > 1e-6  # the same observation, another memory
+
+
+def test_field_of_view_jitter_shows_each_world_its_own_pinhole():
+    """Cameras.set_fov (the event camera_fov): world 1 at 50 degrees, world 0 at the config's 60.
+    Rendered at the widest, world 0's image is the plain camera's exactly; world 1's is the centre
+    enlarged: the wall still at 2 m (planar depth does not depend on the field of view), its bottom
+    row looking 24.1 degrees down instead of 28.75, at the ground 1.12 m ahead instead of 0.91
+    (within one rendered pixel's angle: the nearest pixel)."""
+    cam = "+task.scene.cameras.fixed={pos: [0, 0, 0.5], width: 32, height: 24, fov: 60, far: 10}"
+    plain, jittered = (NewtonSim(scene(cam), num_envs=2, dt=0.005, decimation=4) for _ in range(2))
+    jittered.cameras.set_fov("fixed", torch.tensor([False, True]), torch.tensor([60.0, 50.0]), max_fov=60.0)
+    before, after = plain.cameras.depth("fixed"), jittered.cameras.depth("fixed")
+    assert torch.equal(after[0], before[0])
+    wall = after[1, 9:15]
+    assert torch.allclose(wall, torch.full_like(wall, 2.0), atol=1e-3), wall
+    ground = 0.5 / ((11.5 / 12) * math.tan(math.radians(25)))
+    assert abs(float(after[1, -1].mean()) - ground) < 0.05 and float(before[1, -1].mean()) < 0.95
+    assert (after[1, 0] == 0).all()  # the top row still above the wall
+
+    env = make_env("task=quadruped_flat", "sim.num_envs=8", WALL, FRONT,
+                   "+task.events.fov={func: camera_fov, mode: reset, range: [-10, 5], params: {camera: front}}")
+    fov, cameras = env.sim.cameras.fov["front"], env.sim.cameras
+    assert fov.min() >= 50 and fov.max() <= 65 and fov.std() > 1 and cameras._render_fov["front"] == 65
+    assert "cameras.front.fov" in env.sim.state_dict()

@@ -291,6 +291,16 @@ def camera_rotation(env, mask, draw, camera: str):
     quat[:] = where(mask, quat_mul(cameras.mount_defaults[camera][1], quat_from_euler_xyz(draw(3))), quat)
 
 
+@event(domain=(-30.0, 30.0))
+def camera_fov(env, mask, draw, camera: str):
+    """The camera's vertical field of view plus U(range) [deg], per world (the intrinsics' error of
+    a camera calibrated roughly, or of another unit of the model). Rendered at the widest, each
+    world's image enlarged from its centre (:meth:`~legion.tasks.sim.camera.Cameras.set_fov`)."""
+    cameras = scene_camera(env, camera)
+    fov = cameras.cfgs[camera].fov
+    cameras.set_fov(camera, mask, fov + draw(), max_fov=fov + float(draw.max))
+
+
 @event(domain=(0.0, math.inf))
 def depth_noise(env, mask, draw, camera: str):
     """Depth error: each pixel's depth d [m] plus N(0, (k d^2)^2), k U(range) [1/m] per world (a

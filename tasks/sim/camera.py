@@ -125,7 +125,8 @@ class Cameras:
         self.sensor.create_default_light(enable_shadows=False)
         robot = sim.robot
         self._body, self._rays, self._images, self._due = {}, {}, {}, {}
-        self.mount_pos, self.mount_quat, self.noise = {}, {}, {}
+        self.mount_pos, self.mount_quat, self.noise, self.fov, self._render_fov = {}, {}, {}, {}, {}
+        self._jittered: set[str] = set()  # cameras whose worlds' fields of view set_fov set
         for name, cam in self.cfgs.items():
             if cam.body is None:
                 self._body[name] = None
@@ -141,8 +142,8 @@ class Cameras:
             self.mount_quat[name] = torch.tensor(cam.quat, dtype=torch.float32, device=device).repeat(n, 1)
             self.noise[name] = {"depth_noise": torch.zeros(n, device=device), "holes": torch.zeros(n, device=device),
                                 "gain": torch.ones(n, 3, device=device)}
-            self._rays[name] = SensorCamera.compute_camera_rays_pinhole(
-                cam.width, cam.height, camera_fov=math.radians(cam.fov), device=device)
+            self.fov[name] = torch.full((n,), float(cam.fov), device=device)  # [deg] per world (event camera_fov)
+            self._set_rays(name, cam.fov)
             allocate = {"depth": self.sensor.allocate_image_depth_forward, "rgb": self.sensor.allocate_image_color,
                         "segmentation": self.sensor.allocate_image_shape_index}
             self._images[name] = {c: allocate[c](n, cam.width, cam.height) for c in cam.channels}
@@ -178,9 +179,7 @@ class Cameras:
         if torch.device(device).type == "cpu" and (seen == collides)[(flags & int(ShapeFlags.SITE)) == 0].all():
             for name, cam in self.cfgs.items():
                 if list(cam.channels) == ["depth"]:
-                    rays = wp.to_torch(self._rays[name])[:, :, 0, 1].reshape(-1, 3).double()  # (H W, 3), GL frame
-                    rays = quat_rotate(self._gl.double().expand(len(rays), 4), rays)
-                    self._multiray[name] = (rays / rays.norm(dim=1, keepdim=True)).numpy()
+                    self._set_multiray(name)
 
         self._steps = torch.zeros((), dtype=torch.long)  # control steps so far (on the host: read freely)
         self._refitted = -1
@@ -192,6 +191,54 @@ class Cameras:
 
     def __contains__(self, name: str) -> bool:
         return name in self.cfgs
+
+    def _set_rays(self, name: str, fov: float) -> None:
+        """Camera ``name``'s ray bundle, one for every world, for a vertical field of view ``fov`` [deg]."""
+        from newton.sensors import SensorCamera
+
+        cam = self.cfgs[name]
+        self._rays[name] = SensorCamera.compute_camera_rays_pinhole(cam.width, cam.height, camera_fov=math.radians(fov),
+                                                                    device=self.sim.device)
+        self._render_fov[name] = fov
+
+    def _set_multiray(self, name: str) -> None:
+        """The rays of :meth:`_set_rays` as mj_multiRay casts them: (H W, 3) unit vectors in our camera frame."""
+        rays = wp.to_torch(self._rays[name])[:, :, 0, 1].reshape(-1, 3).double()  # (H W, 3), GL frame
+        rays = quat_rotate(self._gl.double().expand(len(rays), 4), rays)
+        self._multiray[name] = (rays / rays.norm(dim=1, keepdim=True)).cpu().numpy()
+
+    def set_fov(self, name: str, worlds: torch.Tensor, fov: torch.Tensor, max_fov: float) -> None:
+        """Camera ``name`` in ``worlds`` (num_envs,) bool sees with a vertical field of view ``fov``
+        (num_envs,) [deg], each <= ``max_fov``. One ray bundle serves every world, so the camera is
+        rendered at the widest field of view asked for, and each world's image is that frame's centre
+        enlarged to its own (nearest pixel for depth and segmentation, bilinear for RGB): the same
+        pinhole at its field of view, at a little less resolution."""
+        if not 0 < max_fov < 180:
+            raise ValueError(f"camera '{name}': a field of view up to {max_fov} degrees; it must stay in (0, 180).")
+        if max_fov > self._render_fov[name]:
+            self._set_rays(name, max_fov)
+            if name in self._multiray:
+                self._set_multiray(name)
+            self._due[name].fill_(True)
+        self.fov[name].copy_(torch.where(worlds, fov.float(), self.fov[name]))
+        self._jittered.add(name)
+
+    def _zoomed(self, name: str, frame: torch.Tensor, mode: str) -> torch.Tensor:
+        """``frame`` (num_envs, H, W[, 3]) rendered at the camera's render field of view, as each
+        world's own field of view shows it (:meth:`set_fov`); as it is where they are the same."""
+        if name not in self._jittered:
+            return frame
+        render = self._render_fov[name]
+        n, h, w = frame.shape[:3]
+        scale = torch.tan(torch.deg2rad(self.fov[name]) / 2) / math.tan(math.radians(render) / 2)  # (n,)
+        ys = (torch.arange(h, device=frame.device) + 0.5) / h * 2 - 1  # pixel centres, [-1, 1]
+        xs = (torch.arange(w, device=frame.device) + 0.5) / w * 2 - 1
+        grid = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), dim=-1)  # (h, w, 2): x, y
+        grid = grid.unsqueeze(0) * scale.view(n, 1, 1, 1)
+        image = frame.unsqueeze(1) if frame.dim() == 3 else frame.permute(0, 3, 1, 2)
+        zoomed = torch.nn.functional.grid_sample(image.float(), grid, mode=mode, align_corners=False)
+        zoomed = zoomed.squeeze(1) if frame.dim() == 3 else zoomed.permute(0, 2, 3, 1)
+        return zoomed.round().to(frame.dtype) if frame.dtype == torch.uint8 else zoomed.to(frame.dtype)
 
     def renderer(self, name: str) -> str:
         """What renders camera ``name``: "mj_multiRay" (the C backend, see the module docstring) or
@@ -249,19 +296,19 @@ class Cameras:
     def depth(self, name: str) -> torch.Tensor:
         """(num_envs, height, width) float32 planar depth [m]; 0 where nothing is within [near, far].
         The frame each world's latency makes it read (the newest without one)."""
-        return self._late(name, "depth", wp.to_torch(self._rendered(name, "depth")))
+        return self._late(name, "depth", self._zoomed(name, wp.to_torch(self._rendered(name, "depth")), "nearest"))
 
     def rgb(self, name: str) -> torch.Tensor:
         """(num_envs, height, width, 3) uint8 sRGB, late as :meth:`depth`."""
-        return self._late(name, "rgb", wp.to_torch(self._rendered(name, "rgb")).view(torch.uint8)
-                          .unflatten(-1, (-1, 4))[..., :3])
+        rgb = wp.to_torch(self._rendered(name, "rgb")).view(torch.uint8).unflatten(-1, (-1, 4))[..., :3]
+        return self._late(name, "rgb", self._zoomed(name, rgb, "bilinear"))
 
     def segmentation(self, name: str) -> torch.Tensor:
         """(num_envs, height, width) uint8 labels (:attr:`labels`), late as :meth:`depth`."""
         shape = wp.to_torch(self._rendered(name, "segmentation")).view(torch.int32)  # no surface: 0xFFFFFFFF, -1
         seen = (shape >= 0) & (shape < len(self._shape_label))
         labels = torch.where(seen, self._shape_label[shape.clamp(0, len(self._shape_label) - 1).long()], 0)
-        return self._late(name, "segmentation", labels.to(torch.uint8))
+        return self._late(name, "segmentation", self._zoomed(name, labels.to(torch.uint8), "nearest"))
 
     def _late(self, name: str, channel: str, frame: torch.Tensor) -> torch.Tensor:
         """``frame`` (this step's) joins the camera's ring once per step; per world, the frame of
@@ -287,6 +334,7 @@ class Cameras:
             views |= {f"cameras.{name}.mount_pos": self.mount_pos[name], f"cameras.{name}.mount_quat":
                       self.mount_quat[name], f"cameras.{name}.due": self._due[name]}
             views |= {f"cameras.{name}.{k}": v for k, v in self.noise[name].items()}
+            views[f"cameras.{name}.fov"] = self.fov[name]
             views |= {f"cameras.{name}.{c}": wp.to_torch(image) for c, image in self._images[name].items()}
             if name in self._past:  # a late camera (without: the state of a camera before latencies existed)
                 views |= {f"cameras.{name}.latency": self.latency[name], "cameras.ring_step": self._ring_step}
