@@ -39,10 +39,10 @@ import numpy as np
 # name -> prior range; the joints' apply to every policy joint alike (or per joint group)
 PARAMETERS = {"kp_scale": (0.5, 1.5), "kd_scale": (0.3, 3.0), "coulomb_friction": (0.0, 1.0),
               "viscous_friction": (0.0, 0.5), "armature": (0.0, 0.1), "latency_ms": (0.0, 30.0),
-              "added_mass_kg": (-3.0, 10.0)}
+              "added_mass_kg": (-3.0, 10.0), "com_x_m": (-0.08, 0.08), "com_y_m": (-0.08, 0.08)}
 NOMINAL = {"kp_scale": 1.0, "kd_scale": 1.0, "coulomb_friction": 0.0, "viscous_friction": 0.0, "armature": None,
-           "latency_ms": 0.0, "added_mass_kg": 0.0}
-WHOLE_ROBOT = ("latency_ms", "added_mass_kg")  # one value for the robot, not per joint group
+           "latency_ms": 0.0, "added_mass_kg": 0.0, "com_x_m": 0.0, "com_y_m": 0.0}
+WHOLE_ROBOT = ("latency_ms", "added_mass_kg", "com_x_m", "com_y_m")  # one value for the robot, not per joint group
 FLAT_RISE = 0.05  # relative loss rise below which a parameter is not pinned down
 HUNG_ANG_VEL = 0.5  # [rad/s] a logged base turning faster was not hung
 
@@ -164,7 +164,8 @@ class Fit:
 
         joints = {pattern: Joints(**joint) for pattern, joint in joint_groups(values, self.groups).items()}
         reality = Reality(name="candidate", latency_ms=Latency(values.get("latency_ms") or 0.0), joints=joints,
-                          base=Base(added_mass_kg=values.get("added_mass_kg") or 0.0))
+                          base=Base(added_mass_kg=values.get("added_mass_kg") or 0.0,
+                                    com_offset_m=[values.get("com_x_m") or 0.0, values.get("com_y_m") or 0.0, 0.0]))
         robot = RealityRobot(copy.copy(self.model), self.metadata, reality)
         if self.windows[0].base is None:
             robot.hang()  # as the logged robot was
@@ -303,8 +304,13 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
     (out / "calibration.json").write_text(json.dumps(report, indent=2))
     lines = ["# Calibrated by `legion calibrate` from " + str(log), "name: calibrated",
              f"latency_ms: {{mean: {best.get('latency_ms', 0.0):.3f}}}"]
-    if "added_mass_kg" in best:
-        lines.append(f"base: {{added_mass_kg: {best['added_mass_kg']:.4f}}}")
+    base = {"added_mass_kg": best.get("added_mass_kg"),
+            "com_offset_m": [best.get("com_x_m", 0.0), best.get("com_y_m", 0.0), 0.0]
+            if "com_x_m" in best or "com_y_m" in best else None}
+    base = {k: v for k, v in base.items() if v is not None}
+    if base:
+        lines.append("base: {" + ", ".join(f"{k}: {v:.5g}" if not isinstance(v, list) else
+                                           f"{k}: [{', '.join(f'{c:.5g}' for c in v)}]" for k, v in base.items()) + "}")
     joints = {pattern: joint for pattern, joint in joint_groups(best, groups).items() if joint}
     if joints:
         lines.append("joints:")
@@ -345,7 +351,8 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
     Viscous friction b adds to the PD damping kd (both oppose the joint's speed): it joins the
     damping scale as kd_scale + b / kd where a group's joints share one kd. Latency: the event
     ``command_latency`` (physics steps) over its range, in place of the task's ``action_delay``.
-    A payload: the event ``added_mass`` on the base, in place of the task's own."""
+    A payload: the event ``added_mass`` on the base, and ``com_offset`` per axis, in place of the
+    task's own."""
     import re
 
     estimates, task = report["estimates"], task or {}
@@ -381,6 +388,12 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
         low, high = estimate_range(report, "added_mass_kg")
         lines.append(f"    calibrated_added_mass: {{func: added_mass, mode: startup, range: [{low:.4g}, {high:.4g}], "
                      "params: {bodies: '${task.scene.robot.bodies.base}'}}   # kg")
+    for axis in "xy":  # the base's centre of mass, each axis over its own range
+        if f"com_{axis}_m" in estimates:
+            funcs.add("com_offset")
+            low, high = estimate_range(report, f"com_{axis}_m")
+            lines.append(f"    calibrated_com_{axis}: {{func: com_offset, mode: startup, range: [{low:.4g}, "
+                         f"{high:.4g}], params: {{bodies: '${{task.scene.robot.bodies.base}}', axes: {axis}}}}}   # m")
     for name, event in task.get("events", {}).items():
         if (event.get("func") or name) in funcs and event.get("enabled", True):
             lines.append(f"    {name}: {{enabled: false}}   # the calibrated draw above replaces it")

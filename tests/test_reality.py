@@ -298,29 +298,37 @@ def test_calibrate_fits_joint_groups_apart(go2, tmp_path):
 
 
 def test_calibrate_finds_a_payload_from_a_standing_go2s_log(go2, tmp_path):
-    """A Go2 carrying 2.5 kg on its base, its drivers at 90% kp, standing on the floor through a
-    small chirp (hung=false: every window started from the logged base pose and velocity): the
-    fit finds the payload within 10% and kp within 5% (the stance legs' tau_est carry the weight,
+    """A Go2 carrying 2.5 kg on its base 4 cm forward of the base's centre of mass, its drivers at
+    90% kp, standing on the floor through a small chirp (hung=false: every window started from the
+    logged base pose and velocity): the fit finds the payload within 10%, the centre of mass within
+    1 cm and kp within 5% (the stance legs' tau_est carry the weight, fore and hind as it sits,
     which from joint positions alone trades against kp). A free base's log without the base's
     state is refused by name. The task file draws the mass about the estimate."""
     from legion.sim2real.calibrate import calibrate, excitation_log, load_windows
     from legion.sim2real.deploy.excite import Excitation
     from legion.sim2real.reality import Base, Joints
 
-    truth = Reality(base=Base(added_mass_kg=2.5), joints={".*": Joints(kp_scale=0.9)})
+    truth = Reality(base=Base(added_mass_kg=2.5, com_offset_m=[0.04, 0.0, 0.0]), joints={".*": Joints(kp_scale=0.9)})
     logs = excitation_log(go2["mjb"].parent, truth, Excitation("chirp", 0.05, 8.0), tmp_path / "logs", hung=False)
-    report = calibrate(logs, go2["mjb"].parent, ["kp_scale", "added_mass_kg"], max_evaluations=200, bootstrap=0,
-                       say=lambda line: None, hung=False,
-                       task={"events": {"added_base_mass": {"func": "added_mass", "enabled": True}}})
+    report = calibrate(logs, go2["mjb"].parent, ["kp_scale", "added_mass_kg", "com_x_m"], max_evaluations=300,
+                       bootstrap=0, say=lambda line: None, hung=False,
+                       task={"events": {"added_base_mass": {"func": "added_mass", "enabled": True},
+                                        "base_com": {"func": "com_offset", "enabled": True}}})
     estimates = report["estimates"]
     assert estimates["added_mass_kg"] == pytest.approx(2.5, rel=0.1)
     assert estimates["kp_scale"] == pytest.approx(0.9, rel=0.05)
+    assert estimates["com_x_m"] == pytest.approx(0.04, abs=0.01)
     rmse = report["held_out_rmse_rad"]
     assert rmse["calibrated"] < rmse["nominal"]
-    assert load_reality(logs / "reality_calibrated.yaml").base.added_mass_kg == pytest.approx(
-        estimates["added_mass_kg"], abs=1e-3)
+    calibrated = load_reality(logs / "reality_calibrated.yaml").base
+    assert calibrated.added_mass_kg == pytest.approx(estimates["added_mass_kg"], abs=1e-3)
+    assert calibrated.com_offset_m[0] == pytest.approx(estimates["com_x_m"], abs=1e-4)
     task = compose(f"task={logs / 'task_calibrated.yaml'}", "robot=go2").task
-    assert not task.events["added_base_mass"].enabled
+    assert not task.events["added_base_mass"].enabled and not task.events["base_com"].enabled
+    env = make_env(f"task={logs / 'task_calibrated.yaml'}", "robot=go2", "sim.num_envs=2")
+    moved = env.robot.body_com - env.robot.defaults["body_com"]
+    assert torch.allclose(moved[:, 0, 0], torch.tensor(estimates["com_x_m"]), atol=1e-4)
+    assert (moved[:, 0, 1:] == 0).all() and (moved[:, 1:] == 0).all()  # only x, only the base
     low, high = task.events["calibrated_added_mass"].range  # (no bootstrap: a point, to 4 digits)
     assert low == pytest.approx(estimates["added_mass_kg"], rel=1e-3) and high == low
     names, dt = go2["meta"].joint_names, go2["meta"].control_dt

@@ -184,11 +184,16 @@ def _write_mass(env, target):
 
 
 @event()
-def com_offset(env, mask, draw, entity: str = "robot", bodies: Selection = "base"):
-    """Centre of mass of each selected body moved by U(range) [m] along each body axis."""
-    target = env.scene[entity]
-    moved = target.defaults["body_com"][:, bodies] + draw(len(bodies), 3)
-    target.body_com[:, bodies] = where(mask, moved, target.body_com[:, bodies])
+def com_offset(env, mask, draw, entity: str = "robot", bodies: Selection = "base", axes: str = "xyz"):
+    """Centre of mass of each selected body moved by U(range) [m] along each body axis named in
+    ``axes`` (the others left as they are: two terms may move x and y over ranges of their own)."""
+    if not axes or any(a not in "xyz" for a in axes) or len(set(axes)) != len(axes):
+        raise ValueError(f"com_offset: axes={axes!r}; name some of x, y, z once each, e.g. xy")
+    target, ids = env.scene[entity], ["xyz".index(a) for a in axes]
+    current = target.body_com[:, bodies]
+    moved = current.clone()
+    moved[..., ids] = target.defaults["body_com"][:, bodies][..., ids] + draw(len(bodies), len(ids))
+    target.body_com[:, bodies] = where(mask, moved, current)
     env.sim.params_changed("body_com")
 
 
