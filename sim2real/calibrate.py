@@ -7,8 +7,8 @@ motion is then the motors' and the joints' alone); with the robot standing or wa
 export's ``robot.mjb`` with the parameters of a reality
 (:class:`~legion.sim2real.reality.RealityRobot`), hung as the robot was or free: each short window
 of the log (``window_s``) starts from the logged joint positions and velocities (and a free base's
-logged pose and velocity) and replays the logged targets; the loss is the mean squared joint-position error
-over the windows, in units of the logged motion's variance, plus, where the log holds the motors'
+logged pose and velocity) and replays the logged targets; the loss is the mean squared
+joint-position error over the windows, in units of the logged motion's variance, plus, where the log holds the motors'
 torques (a Unitree robot's tau_est), their mean squared error in units of their variance: from
 positions alone the gains, the damping and the armature can be scaled together with the same
 motion (the legs' own inertia is small), and the torques fix that scale. CMA-ES (the ``cma`` package) searches
@@ -131,7 +131,7 @@ def excitation_log(exported: str | Path, reality, excitation, folder: str | Path
 
 def fitted(params: list[str], groups: dict[str, str] | None = None) -> list[str]:
     """The names of the fitted values: each joint parameter once per joint group (``kp_scale@calf``),
-    or once for every joint (``kp_scale``) without groups; latency and the base's mass once.
+    or once for every joint (``kp_scale``) without groups; latency and the base's payload once.
     ValueError for an unknown one."""
     unknown = [p for p in params if p not in PARAMETERS]
     if unknown or not params:
@@ -304,13 +304,9 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
     (out / "calibration.json").write_text(json.dumps(report, indent=2))
     lines = ["# Calibrated by `legion calibrate` from " + str(log), "name: calibrated",
              f"latency_ms: {{mean: {best.get('latency_ms', 0.0):.3f}}}"]
-    base = {"added_mass_kg": best.get("added_mass_kg"),
-            "com_offset_m": [best.get("com_x_m", 0.0), best.get("com_y_m", 0.0), 0.0]
-            if "com_x_m" in best or "com_y_m" in best else None}
-    base = {k: v for k, v in base.items() if v is not None}
-    if base:
-        lines.append("base: {" + ", ".join(f"{k}: {v:.5g}" if not isinstance(v, list) else
-                                           f"{k}: [{', '.join(f'{c:.5g}' for c in v)}]" for k, v in base.items()) + "}")
+    if any(name in best for name in ("added_mass_kg", "com_x_m", "com_y_m")):
+        lines.append(f"base: {{added_mass_kg: {best.get('added_mass_kg', 0.0):.5g}, com_offset_m: "
+                     f"[{best.get('com_x_m', 0.0):.5g}, {best.get('com_y_m', 0.0):.5g}, 0.0]}}")
     joints = {pattern: joint for pattern, joint in joint_groups(best, groups).items() if joint}
     if joints:
         lines.append("joints:")
