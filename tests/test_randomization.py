@@ -1,6 +1,8 @@
 """Domain randomization takes physical effect, per env: friction, mass, gains, latency, pushes,
 restitution; draws stay in range and follow the seed; nothing goes NaN at the range edges."""
 
+import re
+
 import pytest
 import torch
 
@@ -244,6 +246,8 @@ def test_curriculum_widens_ranges_logs_them_and_state_dict_restores_them():
     ("task.events.friction.params.bodies=hoof", "task.events.friction: No body name of robot matches"),
     ("+task.events.friction.curriculum={start: [1, 1], steps: 10}", "curriculum on a startup term"),
     ("+task.reset_events={}", r"task.reset_events: no such key. Valid keys of task: .*events"),
+    ("+task.events.com={func: com_offset, mode: startup, range: [0, 0.01], params: {axes: xw}}",
+     r"com_offset: axes='xw'; name some of x, y, z once each"),
 ])
 def test_bad_event_config_is_named(override, message):
     with pytest.raises(ValueError, match=message):
@@ -253,7 +257,9 @@ def test_bad_event_config_is_named(override, message):
 def test_legion_randomization_prints_ranges_and_what_the_envs_hold():
     from legion.tasks.randomization import report
 
-    out = report(make_env(QUAD, "sim.num_envs=6", "task.events.stiffness.enabled=true"))
+    out = report(make_env(QUAD, "sim.num_envs=6", "task.events.stiffness.enabled=true",
+                          "+task.events.latency={func: command_latency, mode: reset, range: [0, 20]}"))
+    assert re.search(r"command latency \[physics steps of 5 ms\]: min [0-4], mean [\d.]+, max [0-4]", out), out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line and not line.startswith(("-", " "))}
     assert rows["friction"][3:5] == ["[0.5,", "1.25]"]
     low, mean, high = (float(x) for x in rows["friction"][-3:])
