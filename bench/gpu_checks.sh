@@ -41,6 +41,11 @@ check lstm_fast 400 "${learn[@]}" --task quadruped_flat_deployable --minutes 3 -
     robot=go2 agent.actor.rnn.type=lstm agent.algorithm.num_mini_batches=2 &
 # 16. Cameras: rendered frames/s on the GPU (the goal: >= 20k RGB frames/s at 128x128 on an H100).
 check cameras 300 python bench/cameras.py --device cuda:0 --num-envs 1024 4096 --sizes 64 128 --steps 20 &
+# 17. The command latency inside the captured step: env-steps/s with and without it.
+check command_latency 300 bash -c "legion train task=quadruped_flat robot=go2 device=cuda:0 agent.max_iterations=20 \
+    agent.stop_when.goal=false run_name=_plain && legion train task=quadruped_flat robot=go2 device=cuda:0 \
+    agent.max_iterations=20 agent.stop_when.goal=false run_name=_latency \
+    '+task.events.latency={func: command_latency, mode: reset, range: [0, 15]}'" &
 wait
 # 16b. The CPU renderers on the host's cores (mj_multiRay on every core against SensorCamera on one).
 check camera_renderers 300 python bench/cameras.py --renderers --num-envs 256 1024 --sizes 64 128 --steps 20
