@@ -227,6 +227,7 @@ class TerminationTerm:
 class Curriculum:
     start: list[float] = MISSING  # [low, high] at step 0 ...
     steps: int = MISSING  # ... moving linearly to the term's range over this many control steps
+    interval_s: Optional[list[float]] = None  # an interval term's [low, high] at step 0, moving alike to its interval_s
 
 
 @dataclass

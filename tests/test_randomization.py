@@ -232,6 +232,23 @@ def test_curriculum_widens_ranges_logs_them_and_state_dict_restores_them():
     assert env.events.ranges()["root_vel"] == (-1.0, 1.0)  # fully widened, and no further
 
 
+def test_an_interval_curriculum_makes_pushes_stronger_and_more_frequent():
+    """A curriculum's ``interval_s`` moves an interval term's interval as its ``start`` moves the
+    range: pushes every 10 s and of nothing at step 0, every 1 s and up to 0.5 m/s after 50 steps."""
+    env = only("{push: {func: push_base, mode: interval, interval_s: [1.0, 1.0], range: [-0.5, 0.5], "
+               "curriculum: {start: [0.0, 0.0], steps: 50, interval_s: [10.0, 10.0]}}}")
+    term = env.events.terms["push"]
+    assert term.interval_now.tolist() == [10.0, 10.0] and (term.time_left > 9.9).all()
+    for _ in range(25):
+        env.step(ZERO)
+    assert term.interval_now.tolist() == pytest.approx([5.5, 5.5]) and term.high == pytest.approx(0.25)
+    for _ in range(25):
+        env.step(ZERO)
+    assert term.interval_now.tolist() == pytest.approx([1.0, 1.0]) and term.high == pytest.approx(0.5)
+    env.events.apply("reset", torch.ones(2, dtype=torch.bool))  # the next draws: 1 s away
+    assert torch.allclose(term.time_left, torch.ones(2))
+
+
 @pytest.mark.parametrize("override, message", [
     ("+task.events.wobble={mode: reset, range: [0, 1]}", "Unknown events term 'wobble'"),
     ("+task.events.friction.distribution=gauss", "task.events.friction: unknown distribution 'gauss'"),
@@ -245,6 +262,8 @@ def test_curriculum_widens_ranges_logs_them_and_state_dict_restores_them():
     ("+task.events.friction.params.body=base", "task.events.friction: bad params"),
     ("task.events.friction.params.bodies=hoof", "task.events.friction: No body name of robot matches"),
     ("+task.events.friction.curriculum={start: [1, 1], steps: 10}", "curriculum on a startup term"),
+    ("+task.events.root_vel.curriculum={start: [0, 0], steps: 10, interval_s: [5, 5]}",
+     r"task.events.root_vel.curriculum.interval_s: for an interval term \(this term's mode is reset\)"),
     ("+task.reset_events={}", r"task.reset_events: no such key. Valid keys of task: .*events"),
     ("+task.events.com={func: com_offset, mode: startup, range: [0, 0.01], params: {axes: xw}}",
      r"com_offset: axes='xw'; name some of x, y, z once each"),

@@ -10,7 +10,8 @@ A task configures them under ``task.events``, one entry per term (schema:
            interval_s: [low, high],                 # interval mode: seconds between events
            params: {...},                           # the function's keyword arguments
            enabled: true,
-           curriculum: {start: [low, high], steps: N}}   # optional, reset/interval terms
+           curriculum: {start: [low, high], steps: N,   # optional, reset/interval terms
+                        interval_s: [low, high]}}         # optional, interval terms: at step 0
 
 - ``startup``: once for every env, when the env is built.
 - ``reset``: for the envs starting an episode, after the env has put them in the default state
@@ -21,8 +22,10 @@ A task configures them under ``task.events``, one entry per term (schema:
 
 Distributions over ``[low, high]``: ``uniform``; ``log_uniform`` (needs low > 0);
 ``gaussian``: mean at the centre, standard deviation a quarter of the width, clipped to the range.
-A curriculum moves the range linearly from ``start`` to ``range`` over ``steps`` control steps;
-:meth:`EventManager.set_range` is the hook for any other schedule.
+A curriculum moves the range linearly from ``start`` to ``range`` over ``steps`` control steps
+(and an interval term's ``interval_s`` from the curriculum's ``interval_s``, if given: pushes
+that grow stronger and more frequent); :meth:`EventManager.set_range` is the hook for any other
+schedule.
 
 The term functions and what they may do are in :mod:`legion.tasks.mdp.events`. Ranges, drawn
 values, interval timers and the step count live on the device and change in place: a captured
@@ -59,6 +62,9 @@ class EventTerm:
         values: (num_envs, k) the values last drawn for each env (NaN before its first draw),
             in the range's units; what ``legion randomization`` reports.
         time_left: (num_envs,) [s] until each env's next interval event (interval mode only).
+        interval: the configured (low, high) seconds between interval events; None for other modes.
+        interval_now: (2,) the [low, high] seconds the next intervals are drawn from, on the device
+            (a curriculum's ``interval_s`` moves it; interval mode only).
     """
 
     def __init__(self, env, name: str, cfg):
@@ -87,7 +93,7 @@ class EventTerm:
         elif cfg.interval_s is not None:
             raise ValueError(f"{where}: interval_s is for mode interval (this term's mode is {self.mode}).")
 
-        self.curriculum = None
+        self.curriculum, first_interval = None, None
         if cfg.curriculum is not None:
             if self.mode == "startup":
                 raise ValueError(f"{where}: a curriculum on a startup term never takes effect (startup runs once); "
@@ -95,6 +101,13 @@ class EventTerm:
             if cfg.curriculum.steps <= 0:
                 raise ValueError(f"{where}.curriculum.steps: {cfg.curriculum.steps} must be > 0.")
             self.curriculum = (self._check_range(cfg.curriculum.start, "curriculum.start"), cfg.curriculum.steps)
+            if cfg.curriculum.interval_s is not None:
+                if self.interval is None:
+                    raise ValueError(f"{where}.curriculum.interval_s: for an interval term (this term's mode is "
+                                     f"{self.mode}).")
+                first_interval = _pair(cfg.curriculum.interval_s, f"{where}.curriculum.interval_s")
+                if first_interval[0] <= 0:
+                    raise ValueError(f"{where}.curriculum.interval_s: {list(first_interval)} must be > 0 seconds.")
         first = self.curriculum[0] if self.curriculum else self.configured
         self.max_high = max(first[1], self.configured[1])
         if env is not None:
@@ -104,6 +117,10 @@ class EventTerm:
             self.values = torch.full((env.num_envs, 1), math.nan, device=env.device)
             if self.interval:
                 self.time_left = torch.zeros(env.num_envs, device=env.device)
+                first_interval = first_interval or self.interval
+                self.interval_now = torch.tensor(first_interval, dtype=torch.float32, device=env.device)
+                # the interval's ends, moved by EventManager.step as the range's
+                self._interval_schedule = torch.tensor([first_interval, self.interval], device=env.device)
 
     def _check_range(self, value, key: str) -> tuple[float, float]:
         low, high = _pair(value, f"{self.where}.{key}")
@@ -165,7 +182,7 @@ class EventTerm:
     def redraw_intervals(self, mask: torch.Tensor) -> None:
         """Draws, for the envs in ``mask``, the time until their next event from ``interval_s``."""
         assert self.interval is not None, f"{self.where} is not an interval term"
-        low, high = self.interval
+        low, high = self.interval_now.unbind()
         u = torch.rand(self.env.num_envs, generator=self.env.generator, device=self.env.device)
         torch.where(mask, low + (high - low) * u, self.time_left, out=self.time_left)
 
@@ -209,7 +226,11 @@ class EventManager:
         for term in self.terms.values():
             if term.curriculum is not None and term.enabled:
                 start, end = term._schedule
-                term.range.copy_(torch.lerp(start, end, (self.step_count / term.curriculum[1]).clamp(max=1.0)))
+                progress = (self.step_count / term.curriculum[1]).clamp(max=1.0)
+                term.range.copy_(torch.lerp(start, end, progress))
+                if term.interval is not None:
+                    first, last = term._interval_schedule
+                    term.interval_now.copy_(torch.lerp(first, last, progress.float()))
         for term in self.active("interval"):
             term.time_left -= dt
             due = term.time_left <= 1e-6
