@@ -14,6 +14,7 @@ runs/time_to_walk/<robot>_seed<s>.
     python bench/time_to_walk.py --robots quadruped go2 --seeds 0 1 2
     python bench/time_to_walk.py --robots g1 --seeds 0 --eval-every 2.5
     python bench/time_to_walk.py --robots go2 --seeds 0 1 2 sim.num_envs=2048   # any override, every run
+    python bench/time_to_walk.py --tag kl02 agent.algorithm.desired_kl=0.02   # an ablation: time_to_walk_kl02.json
 """
 
 import argparse
@@ -34,9 +35,9 @@ EVALUATION = re.compile(r"\[legion\] evaluation (\d+) at ([\d.]+) min of trainin
                         r"(.*): goal (met|not met)")
 
 
-def run(robot: str, seed: int, eval_every: float | None, overrides: list[str]) -> dict:
+def run(robot: str, seed: int, eval_every: float | None, overrides: list[str], tag: str = "") -> dict:
     task, goal_min = ROBOTS[robot]
-    run_dir = RUNS / "time_to_walk" / f"{robot}_seed{seed}"
+    run_dir = RUNS / "time_to_walk" / f"{robot}{tag and '_' + tag}_seed{seed}"
     every = eval_every or goal_min / 10
     command = ["legion", "train", f"task={task}", f"robot={robot}", f"seed={seed}",
                f"agent.stop_when.every_min={every:g}", *overrides]
@@ -80,10 +81,11 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--eval-every", type=float, default=None,
                         help="minutes of training between evaluations (default: a tenth of the robot's goal)")
+    parser.add_argument("--tag", default="", help="names the results (time_to_walk_<tag>.json) and run folders")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (key=value)")
     args = parser.parse_args()
 
-    runs = [run(robot, seed, args.eval_every, args.overrides) for robot in args.robots for seed in args.seeds]
+    runs = [run(robot, seed, args.eval_every, args.overrides, args.tag) for robot in args.robots for seed in args.seeds]
     rows = []
     for robot in args.robots:
         mine = [r for r in runs if r["robot"] == robot]
@@ -96,7 +98,7 @@ def main() -> None:
                      "env-steps": " / ".join(f"{r['env_steps'] / 1e6:.1f}M" if r["env_steps"] else "-" for r in mine),
                      "seeds": " / ".join(str(r["seed"]) for r in mine)})
     print_table(rows)
-    print(f"written: {write_json('time_to_walk', rows, runs=runs)}")
+    print(f"written: {write_json('time_to_walk' + (args.tag and '_' + args.tag), rows, runs=runs)}")
 
 
 if __name__ == "__main__":
