@@ -8,8 +8,9 @@ walk is the training time at the first of the two evaluations that met the goal 
 excluded; building the env and compiling Warp's kernels come before the clock starts, and
 ``start_s`` times them: from the command to the first progress line); a run that reaches its
 iteration cap first counts as not walking. The table gives each robot's median and range over
-the seeds; bench/results/time_to_walk.json keeps every evaluation of every run. The runs go to
-runs/time_to_walk/<robot>_seed<s>.
+the seeds; bench/results/time_to_walk.json keeps every evaluation of every run, and
+bench/results/time_to_walk.png plots them (forward error and falls against minutes of training,
+a line per seed). The runs go to runs/time_to_walk/<robot>_seed<s>.
 
     python bench/time_to_walk.py --robots quadruped go2 --seeds 0 1 2
     python bench/time_to_walk.py --robots g1 --seeds 0 --eval-every 2.5
@@ -26,11 +27,12 @@ import time
 
 import yaml
 
-from common import ROOT, RUNS, print_table, write_json
+from common import RESULTS, ROOT, RUNS, print_table, write_json
 
 # robot -> (task, goal in minutes of training on this CPU: the evaluation cadence is a tenth of it)
 ROBOTS = {"quadruped": ("quadruped_flat", 7.0), "go2": ("quadruped_flat", 12.0),
           "biped": ("biped_flat", 25.0), "g1": ("biped_flat", 25.0)}
+MEASURES = re.compile(r"forward error ([\d.]+|-)(?: m/s)?, falls (\d+)%")
 EVALUATION = re.compile(r"\[legion\] evaluation (\d+) at ([\d.]+) min of training \(iteration (\d+)\): "
                         r"(.*): goal (met|not met)")
 
@@ -75,6 +77,35 @@ def run(robot: str, seed: int, eval_every: float | None, overrides: list[str], t
             "evaluations": evaluations}
 
 
+def plot(runs: list[dict], path) -> None:
+    """Forward error and falls at each evaluation against minutes of training, a line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    robots = list(dict.fromkeys(r["robot"] for r in runs))
+    fig, axes = plt.subplots(2, len(robots), figsize=(5 * len(robots), 6), sharex="col", squeeze=False)
+    for column, robot in enumerate(robots):
+        for r in (r for r in runs if r["robot"] == robot):
+            minutes = [e["trained_min"] for e in r["evaluations"]]
+            measures = [MEASURES.search(e["measures"]) for e in r["evaluations"]]
+            error = [float(m[1]) if m and m[1] != "-" else float("nan") for m in measures]
+            falls = [float(m[2]) if m else float("nan") for m in measures]
+            for row, values in enumerate((error, falls)):
+                axes[row, column].plot(minutes, values, marker="o", ms=3, label=f"seed {r['seed']}")
+        axes[0, column].axhline(0.1, color="k", ls="--", lw=0.8)
+        axes[1, column].axhline(5, color="k", ls="--", lw=0.8)
+        axes[0, column].set_title(f"{runs[0]['task']}, {robot}")
+        axes[0, column].set_ylabel("forward tracking error [m/s]")
+        axes[1, column].set_ylabel("falls [%]")
+        axes[1, column].set_xlabel("minutes of training")
+        axes[0, column].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--robots", nargs="+", default=["quadruped"], choices=sorted(ROBOTS))
@@ -98,7 +129,9 @@ def main() -> None:
                      "env-steps": " / ".join(f"{r['env_steps'] / 1e6:.1f}M" if r["env_steps"] else "-" for r in mine),
                      "seeds": " / ".join(str(r["seed"]) for r in mine)})
     print_table(rows)
-    print(f"written: {write_json('time_to_walk' + (args.tag and '_' + args.tag), rows, runs=runs)}")
+    name = "time_to_walk" + (args.tag and "_" + args.tag)
+    plot(runs, RESULTS / f"{name}.png")
+    print(f"written: {write_json(name, rows, runs=runs)}, {RESULTS / f'{name}.png'}")
 
 
 if __name__ == "__main__":
