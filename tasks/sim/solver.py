@@ -439,6 +439,7 @@ class MuJoCoC(MuJoCo):
         self._mj_step = mujoco.mj_step  # its nstep loop in C: one release of the GIL per world and control step
         self._overflows = 0
         self._late = None  # a late command's (ctrl, split) for this step's threads (step)
+        self._late_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # made by its first
         self._full = (int(mujoco.mjtWarning.mjWARN_CNSTRFULL), int(mujoco.mjtWarning.mjWARN_CONTACTFULL))
         if sim.senses_contacts:  # the sensors' bodies -> Newton body slots of a world
             assert self.solver.mjc_body_to_newton is not None
@@ -622,17 +623,24 @@ class MuJoCoC(MuJoCo):
         self._late = None
         if late is not None:
             assert before_each_step is None, "a late command is stepped in C, not by an actuator model"
-            older, split = late
+            if self._late_arrays is None:  # numpy arrays torch writes into: the step reads nothing back
+                n, ctrl = self.sim.num_envs, self.columns["ctrl"]
+                self._late_arrays = (np.zeros(self.sim.joint_target_q.shape, np.float32), np.zeros(n, np.int32),
+                                     np.zeros((n, ctrl.stop - ctrl.start)))
+                self._late_views = [torch.from_numpy(a) for a in self._late_arrays[:2]]
+            older, split, late_ctrl = self._late_arrays
+            for view, value in zip(self._late_views, late):
+                view.copy_(value)
             if self.steps_motors:  # (the ctrl of the slopes' actuators is not read: a gain of 0)
-                late_ctrl = self.states[:, self.columns["ctrl"]].copy()
-                late_ctrl[:, : len(self._motor_coords)] = older.numpy()[:, self._motor_coords]
+                late_ctrl[:] = self.states[:, self.columns["ctrl"]]
+                late_ctrl[:, : len(self._motor_coords)] = older[:, self._motor_coords]
             else:  # MuJoCo's ctrl of the older targets: Newton's conversion, from them
                 newer = self.sim.joint_target_q.clone()
-                self.sim.joint_target_q.copy_(older)
+                self.sim.joint_target_q.copy_(late[0])
                 wp.capture_launch(graphs["push_control"])
-                late_ctrl = self._d["ctrl"].astype(np.float64)  # (MuJoCo Warp keeps float32)
+                late_ctrl[:] = self._d["ctrl"]
                 self.sim.joint_target_q.copy_(newer)
-            self._late = (late_ctrl, split.to(torch.int32).numpy())
+            self._late = (late_ctrl, split)
         wp.capture_launch(graphs["push"])
         self._to_rows("qpos", "qvel", "act", "qfrc_applied", "xfrc_applied")
         if self.steps_motors:  # the PD actuators' ctrl: the joint targets (the slopes' have a gain of 0)
