@@ -116,12 +116,14 @@ def test_per_world_parameters_reach_the_c_model():
 def test_the_compiled_loop_steps_the_worlds_bit_for_bit_as_the_python_loop(tmp_path, monkeypatch):
     """The threads step their worlds with step_worlds.c (compiled at first use); where no C compiler
     builds it, with the same calls from Python. Both give the same states, warm starts and contact
-    forces bit for bit, per-world parameters included; the fallback is announced, naming the fix."""
+    forces bit for bit, per-world parameters and a command latency included; the fallback is
+    announced, naming the fix."""
     targets = STAND_POSE + 0.3 * torch.randn(10, 4, 12, generator=torch.Generator().manual_seed(1))
     sims = [NewtonSim(num_envs=4, backend="c", **QUAD) for _ in range(2)]
     assert sims[0].solver._loop is not None  # this machine has a C compiler (.ci/run installs gcc)
     sims[1].solver._loop = None
     for sim in sims:
+        sim.set_command_latency(torch.ones(4, dtype=torch.bool), torch.tensor([0, 1, 3, 6]), max_steps=6)
         sim.robot.body_mass[1, 0] += 5.0
         sim.gravity[2] = torch.tensor([0.0, 0.0, -1.62])
         sim.params_changed("body_mass", "gravity")

@@ -439,7 +439,7 @@ class MuJoCoC(MuJoCo):
         self._mj_step = mujoco.mj_step  # its nstep loop in C: one release of the GIL per world and control step
         self._overflows = 0
         self._late = None  # a late command's (ctrl, split) for this step's threads (step)
-        self._late_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # made by its first
+        self._late_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # made at the first late step
         self._full = (int(mujoco.mjtWarning.mjWARN_CNSTRFULL), int(mujoco.mjtWarning.mjWARN_CONTACTFULL))
         if sim.senses_contacts:  # the sensors' bodies -> Newton body slots of a world
             assert self.solver.mjc_body_to_newton is not None
