@@ -130,8 +130,9 @@ def main() -> None:
                      "seeds": " / ".join(str(r["seed"]) for r in mine)})
     print_table(rows)
     name = "time_to_walk" + (args.tag and "_" + args.tag)
+    written = write_json(name, rows, runs=runs)  # (makes the results folder)
     plot(runs, RESULTS / f"{name}.png")
-    print(f"written: {write_json(name, rows, runs=runs)}, {RESULTS / f'{name}.png'}")
+    print(f"written: {written}, {RESULTS / f'{name}.png'}")
 
 
 if __name__ == "__main__":

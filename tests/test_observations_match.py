@@ -26,6 +26,7 @@ from legion.sim2real.deploy.policy import (
 )
 from legion.sim2real.trajectories.record import state_views
 from legion.tasks.mdp import observations
+from legion.tasks.mdp.observations import scan_points
 
 OVERRIDES = {"quadruped_rough": SMALL_TERRAIN}  # a small terrain: cheap to build, every terrain type
 TOLERANCE = 1e-5
@@ -46,7 +47,7 @@ def robot_states(env, metadata: PolicyContract) -> list[dict]:
     from the sim's world-frame generalized coordinates (the state trajectory recording names), turned
     into the robot's frames here, in numpy: joints, IMU orientation and base-frame velocities and the
     base's height above the ground under it (floating bases); what perception reports where the
-    policy needs it: the elevation map at the exported height-scan points, the object's position in
+    policy needs it: the elevation map at the exported height-scan points (else a critic's), the object's position in
     the base frame (a scene with one free object)."""
     views = {key: value.numpy() for key, value in state_views(env).items()}
     robot = env.robot
@@ -67,11 +68,13 @@ def robot_states(env, metadata: PolicyContract) -> list[dict]:
                          # an estimator's: the base frame origin's velocity
                          base_lin_vel=quat_rotate_inverse(quat[i], velocity[i, :3]) - np.cross(ang_vel, com[i]),
                          base_ang_vel=ang_vel)
-    if metadata.height_scan is not None:  # terrain heights at the points, turned with the base's yaw, minus the base's
-        x, y, z, w = quat.T
+    scans = [scan_points(tuple(t["params"]["size"]), float(t["params"]["resolution"]))
+             for terms in env.observation_layout().values() for t in terms if t["func"] == "height_scan"]
+    if metadata.height_scan is not None or scans:  # terrain heights at the points (the policy's, else a
+        x, y, z, w = quat.T                        # critic's), turned with the base's yaw, minus the base's
         yaw = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
         c, s = np.cos(yaw)[:, None], np.sin(yaw)[:, None]
-        points = np.asarray(metadata.height_scan.points, np.float32)
+        points = np.asarray(metadata.height_scan.points if metadata.height_scan is not None else scans[0], np.float32)
         px, py = points[:, 0], points[:, 1]
         world = np.stack([position[:, 0:1] + c * px - s * py, position[:, 1:2] + s * px + c * py], axis=-1)
         scan = env.sim.ground_height(torch.from_numpy(world.astype(np.float32))).numpy() - position[:, 2:3]
@@ -94,7 +97,7 @@ def test_every_observation_term_of_the_training_package_has_an_edge_version():
              if inspect.isfunction(func) and func.__module__ == observations.__name__
              and next(iter(inspect.signature(func).parameters), None) == "env"}
     edge = set(OBSERVATION_TERMS) | set(IMAGE_TERMS)  # (images: tests/test_cameras.py holds them to training's)
-    assert terms and not terms - edge, \
+    assert terms and not terms - edge - set(observations.SIMULATOR_ONLY), \
         f"no edge-runtime version of {sorted(terms - edge)}: add them to OBSERVATION_TERMS (images: IMAGE_TERMS)"
 
 

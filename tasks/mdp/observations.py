@@ -122,6 +122,11 @@ def rgb_image(env, camera: str) -> torch.Tensor:
     return (rgb * cameras.noise[camera]["gain"][:, :, None, None]).clamp(0.0, 1.0)
 
 
+# Terms of what only the simulator knows, which no robot reports: for critics and teachers
+# (`legion export` refuses an actor that reads one; the edge runtime has no version of them).
+SIMULATOR_ONLY = ("segmentation_mask",)
+
+
 def segmentation_mask(env, camera: str, entities: list[str] | str = "robot") -> torch.Tensor:
     """(num_envs, len(entities), height, width) 1 where the camera sees each entity (``robot``, an
     object or fixture by name, or ``ground``), else 0: its segmentation channel. A simulator's
