@@ -362,9 +362,12 @@ def test_the_web_viewer_shows_what_the_camera_sees_in_chromium():
     env = make_env("task=quadruped_flat", "sim.num_envs=2", WALL, FRONT)
     view, stop = WebViewer(env, port=0), threading.Event()
 
-    def loop():  # the robot falls from its standing pose: what its camera sees changes
-        with torch.inference_mode():
+    def loop():  # the camera turns on its mount, step by step: what it sees changes (a robot that
+        with torch.inference_mode():  # fell may lie still, its view with it)
+            yaw = 0.0
             while not stop.is_set():
+                yaw += 0.02
+                env.sim.cameras.mount_quat["front"][:] = torch.tensor([0.0, 0.0, math.sin(yaw / 2), math.cos(yaw / 2)])
                 env.step(torch.zeros(env.num_envs, env.num_actions).uniform_(-1, 1))
                 view.show(env.step_dt)
                 time.sleep(0.05)
