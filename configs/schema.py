@@ -41,12 +41,17 @@ class Actuator:
     explicitly at every physics step (Newton's ``newton.actuators``; on the C backend the same
     law as MuJoCo actuators, tasks/sim/solver.py), clipped by a DC motor's torque-speed line:
     ``saturation_effort`` at stall, falling to zero at ``velocity_limit``, never above
-    ``effort_limit`` (Isaac Lab's DCMotor). Values left None keep the model file's. The
-    randomization events scale these values per env.
+    ``effort_limit`` (Isaac Lab's DCMotor). ``network``: an actuator network (Hwangbo et al. 2019;
+    ``legion calibrate ... actuator_network=true`` learns one from a robot's logs): a small MLP from
+    each joint's recent position errors and velocities to its torque, evaluated at every physics
+    step for all worlds, clipped to the effort limit (stiffness and damping then only size the
+    torque penalty's estimate). Values left None keep the model file's. The randomization events
+    scale these values per env.
     """
 
     joints: Any = ".*"  # regex (or list of regexes) over the robot's actuated joint names
-    model: str = "implicit"  # implicit | dc_motor
+    model: str = "implicit"  # implicit | dc_motor | network
+    network: Optional[str] = None  # model: network: its file (.npz; a path, or package://)
     stiffness: Optional[float] = None  # kp [N m/rad or N/m]
     damping: Optional[float] = None  # kd [N m s/rad or N s/m]
     effort_limit: Optional[float] = None  # [N m or N]

@@ -54,6 +54,7 @@ from legion.sim2real.deploy.contract import (
     Tracking,
     TrackingTerm,
 )
+from legion.sim2real.deploy.contract import ActuatorNetwork as ActuatorNetworkEntry
 from legion.sim2real.deploy.policy import IMAGE_TERMS
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ def build_metadata(loaded: LoadedRun, actor) -> PolicyContract:
     its config."""
     import torch
 
+    from legion.sim2real.deploy.actuator_network import load as load_network
     from legion.tasks.mdp import rewards, terminations
     from legion.tasks.mdp.commands import PoseCommand
     from legion.tasks.sim.scene import joint_actuators
@@ -212,12 +214,17 @@ def build_metadata(loaded: LoadedRun, actor) -> PolicyContract:
         effort_limits=floats(robot.effort_limits),
         joint_armature=floats(nominal["joint_armature"][0]),
         joint_friction=floats(nominal["joint_friction"][0]),
-        # Per joint, the drive the policy was trained with (configs/robot/): implicit PD, or a DC
-        # motor whose torque falls from saturation_effort at stall to zero at velocity_limit.
+        # Per joint, the drive the policy was trained with (configs/robot/): implicit PD, a DC motor
+        # whose torque falls from saturation_effort at stall to zero at velocity_limit, or an actuator
+        # network (its parameters in actuator_networks: the runtime needs no file of it).
         actuators=[Actuator(model="dc_motor", saturation_effort=a.saturation_effort, velocity_limit=a.velocity_limit)
                    if a is not None and a.model == "dc_motor" else
+                   Actuator(model="network", saturation_effort=None, velocity_limit=None,
+                            network=[n["file"] for n in env.sim.networks].index(a.network))
+                   if a is not None and a.model == "network" else
                    Actuator(model="implicit", saturation_effort=None, velocity_limit=None)
                    for a in joint_actuators(task.scene.robot, robot.joint_names)],
+        actuator_networks=[ActuatorNetworkEntry(**load_network(n["path"]).contract()) for n in env.sim.networks],
         joint_limits=floats(robot.joint_limits),
         control_dt=float(env.step_dt),
         physics_dt=float(env.sim.physics_dt),

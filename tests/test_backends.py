@@ -326,3 +326,59 @@ def test_the_command_latency_event_delays_the_go2s_dc_motors_alike_in_c_and_in_n
     moved = (c - prompt).abs().amax(1)
     assert drawn.min() == 0 and drawn.max() > 0, drawn  # (this seed's draw: late and prompt worlds)
     assert moved[drawn == 0].max() == 0 and moved[drawn > 0].min() > 0.01, moved
+
+
+def _pd_network(path, kp: float, kd: float, history: int = 3) -> None:
+    """An actuator network that is a PD law exactly: relu(x) - relu(-x) = x, on the present error and
+    velocity (the older instants of its history weighted 0)."""
+    from legion.sim2real.deploy.actuator_network import ActuatorNetwork
+
+    first = np.zeros((2, 2 * history))
+    first[0, 0], first[0, history] = kp, -kd
+    first[1] = -first[0]
+    ActuatorNetwork(weights=[first, np.array([[1.0, -1.0]])], biases=[np.zeros(2), np.zeros(1)],
+                    input_mean=np.zeros(2 * history), input_std=np.ones(2 * history), activation="relu").save(path)
+
+
+@pytest.mark.parametrize("backend", ["c", "warp"])
+def test_an_actuator_network_drives_the_joints_at_every_physics_step(backend, tmp_path):
+    """The Go2's legs driven by an actuator network that computes their DC motors' PD law (torque-
+    speed line out of reach) move as the DC motors move them, step for step from the same random
+    targets: the network is evaluated before every physics step on each world's own state, its
+    torque clipped to the per-env effort limits and applied to the right joints in the right order.
+    A network file that is not one is refused naming it."""
+    _pd_network(tmp_path / "pd.npz", kp=25.0, kd=0.5)
+    go2 = ("task=quadruped_flat", "robot=go2", "sim.num_envs=4", "task.events.push.enabled=false",
+           f"sim.backend={backend}")
+    free = [f"task.scene.robot.actuators.{g}.{k}=1e6" for g in ("hip_thigh", "knee")
+            for k in ("saturation_effort", "velocity_limit")]
+    network = [f"{plus}task.scene.robot.actuators.{g}.{k}" for g in ("hip_thigh", "knee") for plus, k in
+               (("", "model=network"), ("+", f"network={tmp_path / 'pd.npz'}"))]
+    envs = {"dc_motor": make_env(*go2, *free), "network": make_env(*go2, *network)}
+    assert len(envs["network"].sim.networks) == 1 and envs["network"].sim.motors is None
+    for e in envs.values():  # world 1's motors weaker (the events' motor_strength)
+        e.sim.robot.joint_effort_limit[1] *= 0.3
+        e.sim.params_changed("joint_effort_limit")
+    actions = 0.8 * torch.randn(6, 4, 12, generator=torch.Generator().manual_seed(0))
+    most = torch.zeros(4, 12)  # the largest torque each motor applied, in units of its effort limit
+    net, previous = envs["network"].sim, None
+    assert net.networks[0]["history"].shape == (4, 12, 2, 9)  # 3 instants 20 ms apart: 9 physics steps of 5 ms
+    for action in actions:
+        start = (net.robot.joint_pos.clone(), net.robot.joint_vel.clone())
+        for e in envs.values():
+            e.step(action)
+        dc = envs["dc_motor"].sim
+        assert torch.allclose(dc.robot.joint_pos, net.robot.joint_pos, atol=2e-4)
+        # The history, now first: 3 physics steps back the state this control step began from, 7 back
+        # the previous one's (each with the targets then in effect)
+        began = torch.stack([net.robot.joint_pos_target - start[0], start[1]], -1)
+        history = net.networks[0]["history"]
+        assert torch.allclose(history[..., 3], began, atol=1e-6)
+        assert previous is None or torch.allclose(history[..., 7], previous, atol=1e-6)
+        previous = began
+        most = torch.maximum(most, net.networks[0]["torque"].abs() / net.robot.joint_effort_limit)
+    assert (most <= 1 + 1e-6).all() and (most[0] > 0.2).any() and torch.isclose(most[1].max(), torch.tensor(1.0))
+
+    (tmp_path / "broken.npz").write_bytes(b"not a network")
+    with pytest.raises(ValueError, match="broken.npz: not a readable legion-actuator-network/1 file"):
+        make_env(*go2[:-1], *network[:1], f"+task.scene.robot.actuators.hip_thigh.network={tmp_path / 'broken.npz'}")

@@ -122,7 +122,7 @@ def test_metadata_round_trip(trained):
     assert verification["policy.onnx"]["max_abs_diff"] <= 1e-5
 
     robot = env.robot
-    assert meta.metadata_version == METADATA_VERSION == 3
+    assert meta.metadata_version == METADATA_VERSION == 4
     assert meta.cameras == {} and meta.observation.images == []  # a policy that sees: tests/test_cameras.py
     assert meta.joint_names == robot.joint_names
     assert meta.default_joint_pos == pytest.approx(robot.default_joint_pos[0].tolist(), abs=1e-6)
@@ -152,15 +152,21 @@ def test_metadata_round_trip(trained):
     assert meta.onnx.recurrent is None and meta.checkpoint == "model_1.pt"
 
 
-def older_versions(sidecar: dict) -> tuple[dict, dict, dict]:
-    """The file as version 2 wrote it (no cameras, no image inputs), as an early version-2 export
+def older_versions(sidecar: dict) -> tuple[dict, dict, dict, dict]:
+    """The file as version 3 wrote it (no actuator networks), as version 2 wrote it (no cameras, no
+    image inputs), as an early version-2 export
     wrote it (also before base_com, the actuators, joint armature and friction, the height scan, the
     action's clamp, rate limit and IK, the command's entity, body and reference quaternion) and as
     version 1 wrote it (also without tracking terms, fall conditions and term params, its command
     the task config's ``commands`` section)."""
     import copy
 
-    v2 = copy.deepcopy(sidecar)
+    v3 = copy.deepcopy(sidecar)
+    v3["metadata_version"] = 3
+    del v3["actuator_networks"]
+    for actuator in v3["actuators"]:
+        del actuator["network"]
+    v2 = copy.deepcopy(v3)
     v2["metadata_version"] = 2
     del v2["cameras"], v2["observation"]["images"]
     early = copy.deepcopy(v2)
@@ -178,7 +184,7 @@ def older_versions(sidecar: dict) -> tuple[dict, dict, dict]:
     command = v1.pop("command")
     v1["commands"] = {**command["ranges"], "resampling_time_s": command["resampling_time_s"],
                       "standing_fraction": command["standing_fraction"]}
-    return v2, early, v1
+    return v3, v2, early, v1
 
 
 def test_version_1_and_2_files_load_migrated(trained, tmp_path):
@@ -187,9 +193,11 @@ def test_version_1_and_2_files_load_migrated(trained, tmp_path):
     from legion.sim2real.deploy import PolicyRunner
     from legion.sim2real.deploy.contract import READABLE_VERSIONS, Actuator, Fall, PolicyContract, Tracking
 
-    assert READABLE_VERSIONS == (1, 2, 3)
+    assert READABLE_VERSIONS == (1, 2, 3, 4)
     current = json.loads((trained["out"] / "policy.json").read_text())
-    v2, early, v1 = older_versions(current)
+    v3, v2, early, v1 = older_versions(current)
+    assert PolicyContract.from_dict(v3).embedded() == {**PolicyContract.from_dict(current).embedded(),
+                                                       "metadata_version": 3}
     assert PolicyContract.from_dict(v2).embedded() == {**PolicyContract.from_dict(current).embedded(),
                                                        "metadata_version": 2}
     for data in (early, v1):
@@ -266,17 +274,17 @@ def test_an_unknown_version_or_a_foreign_json_is_refused_naming_the_versions_rea
 
     good = json.loads((trained["out"] / "policy.json").read_text())
     refused = {
-        "newer.json": ({**good, "metadata_version": 4}, r"newer.json: metadata_version: 4 is not a version this "
-                       r"runtime reads \(1, 2, 3\). It was exported by a newer legion-rl: update legion-rl on the "
+        "newer.json": ({**good, "metadata_version": 5}, r"newer.json: metadata_version: 5 is not a version this "
+                       r"runtime reads \(1, 2, 3, 4\). It was exported by a newer legion-rl: update legion-rl on the "
                        r"robot"),
         "zero.json": ({**good, "metadata_version": 0}, r"zero.json: metadata_version: 0 is not a version this "
-                      r"runtime reads \(1, 2, 3\). Re-export the policy"),
+                      r"runtime reads \(1, 2, 3, 4\). Re-export the policy"),
         "text.json": ({**good, "metadata_version": "3"}, r"metadata_version: '3' is not a version this runtime reads"),
         "foreign.json": ({"name": "a model", "layers": [64, 64]}, r"foreign.json: metadata_version: missing, so this "
-                         r"is no legion policy file \(legion export writes metadata_version 3; this runtime reads "
-                         r"versions 1, 2, 3\)"),
+                         r"is no legion policy file \(legion export writes metadata_version 4; this runtime reads "
+                         r"versions 1, 2, 3, 4\)"),
         "list.json": ([1, 2, 3], r"list.json: not a legion policy file: expected a JSON object with metadata_version "
-                      r"\(this runtime reads versions 1, 2, 3\), got a list"),
+                      r"\(this runtime reads versions 1, 2, 3, 4\), got a list"),
         "broken.json": ("{not json", r"broken.json: not JSON"),
     }
     for name, (data, message) in refused.items():
@@ -292,7 +300,7 @@ def test_the_shipped_json_schema_is_the_one_the_contract_generates():
     assert SCHEMA_FILE.read_text() == schema_text(), \
         "stale: regenerate it: python -c \"import legion.sim2real.deploy.contract as c; c.write_schema()\""
     schema = json_schema()
-    assert schema["properties"]["metadata_version"]["const"] == 3 and "files" not in schema["required"]
+    assert schema["properties"]["metadata_version"]["const"] == 4 and "files" not in schema["required"]
     assert schema["$defs"]["Action"]["properties"]["scale"]["anyOf"] == [
         {"type": "number"}, {"type": "array", "items": {"type": "number"}}]
     assert schema["$defs"]["Action"]["properties"]["scale"]["description"].startswith("target = offset + scale")
@@ -448,8 +456,8 @@ def test_truncated_or_tampered_files_are_refused(trained, tmp_path):
     del model.metadata_props[:]
     onnx.save(model, bare / "foreign.onnx")
     with pytest.raises(PolicyLoadError, match=r"foreign.onnx: metadata_version: missing, so this is no legion policy "
-                                              r"file \(legion export writes metadata_version 3; this runtime reads "
-                                              r"versions 1, 2, 3\). Was it written by legion export\?"):
+                                              r"file \(legion export writes metadata_version 4; this runtime reads "
+                                              r"versions 1, 2, 3, 4\). Was it written by legion export\?"):
         PolicyRunner(bare / "foreign.onnx")
 
 
@@ -906,3 +914,49 @@ def test_sim2sim_of_a_goal_task_starts_each_mujoco_episode_where_newton_started_
     targets = runner.act(state, np.array([0.5, 0.0, 0.3], np.float32))
     assert len(meta.joint_names) == len(targets) == 9 and len(meta.action.joint_ids) == 8
     assert targets[8] == meta.default_joint_pos[8]  # finger_joint2: not an action joint
+
+
+def test_an_actuator_network_goes_into_the_contract_and_the_runtime_drives_with_it(tmp_path):
+    """A Go2 whose knees are driven by an actuator network (random weights, 3 instants of history):
+    the export carries the network in its contract (no file beside it), the runtime's numpy
+    network gives the simulator's torch network's torques (1e-5 N m), and plain MuJoCo drives the
+    knees with it from the first physics step after a reset (history = the present), the other
+    joints with their DC motors' PD law."""
+    from legion.sim2real.deploy.actuator_network import ActuatorNetwork
+    from legion.sim2real.deploy.contract import PolicyContract
+    from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot, pd_torque
+
+    rng = np.random.default_rng(0)
+    network = ActuatorNetwork(weights=[rng.normal(0, 0.5, (16, 6)), rng.normal(0, 0.5, (1, 16))],
+                              biases=[rng.normal(0, 0.1, 16), np.zeros(1)], input_mean=np.zeros(6),
+                              input_std=np.array([0.2, 0.2, 0.2, 2.0, 2.0, 2.0]), output_scale=10.0)
+    network.save(tmp_path / "knee.npz")
+    (tmp_path / "run").mkdir()
+    made = export_untrained_run(tmp_path / "run", "task=quadruped_flat", "robot=go2",
+                                "task.scene.robot.actuators.knee.model=network",
+                                f"+task.scene.robot.actuators.knee.network={tmp_path / 'knee.npz'}")
+    contract = PolicyContract.load(made["out"] / "policy.json")
+    knees = [j for j, name in enumerate(contract.joint_names) if name.endswith("calf_joint")]
+    assert [j for j, a in enumerate(contract.actuators) if a.model == "network"] == knees
+    assert {contract.actuators[j].network for j in knees} == {0} and len(contract.actuator_networks) == 1
+    assert not list(made["out"].glob("*.npz"))
+
+    sim = made["env"].sim  # the simulator's network on random errors and velocities
+    inputs = torch.tensor(rng.normal(0, [0.3, 0.3, 0.3, 3, 3, 3], (64, 6)), dtype=torch.float32)
+    net = sim.networks[0]
+    simulated = net["mlp"]((inputs - net["mean"]) / net["std"])[:, 0] * net["scale"]
+    runtime = ActuatorNetwork.from_contract(contract.actuator_networks[0])
+    assert np.abs(runtime(inputs[:, :3].double().numpy(), inputs[:, 3:].double().numpy())
+                  - simulated.double().numpy()).max() < 1e-5
+
+    robot = MuJoCoRobot(made["out"] / "robot.mjb", contract)
+    robot.reset()
+    q0 = robot.data.qpos[robot.qpos_ids].copy()
+    targets = q0 + rng.uniform(-0.3, 0.3, len(q0))
+    robot.physics_step(targets)
+    error = np.repeat((targets - q0)[knees, None], 3, 1)
+    effort = np.asarray(contract.effort_limits)
+    expected = pd_torque(targets, q0, 0.0, contract.joint_stiffness, contract.joint_damping, effort)
+    expected[knees] = np.clip(runtime(error, np.zeros_like(error)), -effort[knees], effort[knees])
+    assert np.abs(robot.data.qfrc_applied[robot.qvel_ids] - expected).max() < 1e-9
+    assert np.abs(expected[knees]).min() > 0.1  # the network pushed

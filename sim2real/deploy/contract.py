@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-METADATA_VERSION = 3  # the layout legion export writes (2 added tracking terms, fall conditions, term params; 3 images)
+METADATA_VERSION = 4  # the layout legion export writes (2 added tracking terms, fall conditions, term params; 3 images;
+# 4 actuator networks)
 READABLE_VERSIONS = tuple(range(1, METADATA_VERSION + 1))  # what this runtime reads; older ones migrated (migrate)
 SCHEMA_FILE = Path(__file__).with_name("policy.schema.json")  # the JSON schema of the layout (json_schema)
 
@@ -98,9 +99,27 @@ class Action:
 class Actuator:
     """The drive a joint was trained with."""
 
-    model: str  # implicit: PD clipped to the effort limit | dc_motor: PD clipped by the torque-speed line
+    model: str  # implicit: PD clipped to the effort limit | dc_motor: PD clipped by the torque-speed line | network
     saturation_effort: float | None  # dc_motor: stall torque [N m or N]; else null
     velocity_limit: float | None  # dc_motor: speed at which the torque reaches zero [rad/s or m/s]; else null
+    network: int | None = None  # network: its index in actuator_networks; else null
+
+
+@dataclass
+class ActuatorNetwork:
+    """An actuator network (sim2real/deploy/actuator_network.py): per joint, ``history`` position
+    errors ``q* - q`` then as many velocities, now first, ``stride_s`` apart, normalized by
+    ``input_mean``/``input_std``, through the layers (``activation`` between them), times
+    ``output_scale``: the torque [N m], clipped to the joint's effort limit."""
+
+    history: int  # instants of error and velocity
+    stride_s: float  # [s] between two instants
+    activation: str  # softsign | tanh | relu
+    output_scale: float  # [N m] per unit of the last layer's output
+    input_mean: list[float]  # (2 history,)
+    input_std: list[float]  # (2 history,)
+    weights: list[list[list[float]]]  # per layer (out, in)
+    biases: list[list[float]]  # per layer (out,)
 
 
 @dataclass
@@ -257,6 +276,7 @@ class PolicyContract:
     joint_armature: list[float] | None  # per joint: armature [kg m^2 or kg]; null: not recorded (older exports)
     joint_friction: list[float] | None  # per joint: friction [N m or N]; null: not recorded (older exports)
     actuators: list[Actuator]  # per joint: the drive it was trained with
+    actuator_networks: list[ActuatorNetwork]  # the networks of the actuators whose model is network
     joint_limits: list[list[float]]  # per joint: [lower, upper] [rad or m]
     control_dt: float  # policy period [s]
     physics_dt: float  # physics step in training [s]
@@ -340,6 +360,10 @@ def migrate(data: Any, where: str | Path = "policy.json") -> dict:
     if version <= 2:
         _fill_version_2_additions(data)
         _migrate_v2(data)
+    if version <= 3:  # 4 added actuator networks: none before
+        data.setdefault("actuator_networks", [])
+        for actuator in _dicts(data.get("actuators")):
+            actuator.setdefault("network", None)
     return data
 
 

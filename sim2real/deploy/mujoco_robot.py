@@ -24,6 +24,7 @@ import mujoco
 import numpy as np
 from numpy.typing import ArrayLike
 
+from legion.sim2real.deploy.actuator_network import ActuatorNetwork
 from legion.sim2real.deploy.contract import PolicyContract
 
 
@@ -163,6 +164,19 @@ class MuJoCoRobot:
             model.actuator_gainprm[self.actuator_ids, 0] = kp[driven]
             model.actuator_biasprm[self.actuator_ids, 1] = -kp[driven]
             model.actuator_biasprm[self.actuator_ids, 2] = -kd[driven]
+        # Actuator networks (model: network) in place of the PD law on their joints: per network its
+        # joints (policy order), and their errors and velocities over the physics steps it looks back
+        self.networks = []
+        for index, entry in enumerate(metadata.actuator_networks):
+            joints = np.array([j for j, a in enumerate(metadata.actuators) if a.network == index])
+            if not self.explicit_pd:
+                raise ValueError(f"{where}: joints {[names[j] for j in joints]} are driven by an actuator network "
+                                 "and the model by position actuators: use the export's robot.mjb")
+            network = ActuatorNetwork.from_contract(entry)
+            stride = network.steps(metadata.physics_dt)
+            self.networks.append((joints, network, stride, np.zeros((2, stride * (network.history - 1) + 1,
+                                                                     len(joints)))))
+        self._networks_fresh = True
         channels: dict[str, set[str]] = {}  # per camera, what the policy's image terms read of it
         for image in metadata.observation.images:
             for term in image.terms:
@@ -236,6 +250,7 @@ class MuJoCoRobot:
         self.targets = np.asarray(self.metadata.default_joint_pos, np.float64)
         if not self.explicit_pd:
             d.ctrl[self.actuator_ids] = self.targets[self.driven]
+        self._networks_fresh = True  # an actuator network's history starts from the present
         mujoco.mj_forward(self.model, d)
 
     def read_state(self) -> dict:
@@ -295,9 +310,17 @@ class MuJoCoRobot:
         d = self.data
         if self.explicit_pd:
             p, v, effort, saturation, v_limit = self.gains
-            d.qfrc_applied[self.qvel_ids] = pd_torque(
-                self.targets, d.qpos[self.qpos_ids], d.qvel[self.qvel_ids], p if kp is None else kp,
-                v if kd is None else kd, effort, saturation, v_limit, dq_target, tau_ff)
+            q, dq = d.qpos[self.qpos_ids], d.qvel[self.qvel_ids]
+            tau = pd_torque(self.targets, q, dq, p if kp is None else kp, v if kd is None else kd, effort, saturation,
+                            v_limit, dq_target, tau_ff)
+            for joints, network, stride, history in self.networks:  # as training's NewtonSim._network_step
+                now = np.stack([self.targets[joints] - q[joints], dq[joints]])[:, None]
+                history[:] = now if self._networks_fresh else np.concatenate([now, history[:, :-1]], axis=1)
+                torque = network(*history[:, ::stride].transpose(0, 2, 1))
+                feedforward = np.broadcast_to(tau_ff, q.shape)[joints]
+                tau[joints] = np.clip(torque, -effort[joints], effort[joints]) + feedforward
+            self._networks_fresh = False
+            d.qfrc_applied[self.qvel_ids] = tau
         else:
             if kp is not None or kd is not None:
                 raise ValueError("gains per step need a model driven by explicit PD (no position actuators)")

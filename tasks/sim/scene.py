@@ -31,7 +31,7 @@ SHAPES = ("box", "sphere", "capsule", "cylinder")
 # Per-env physical parameters (see the package docstring), by what they are per-item of.
 BODY_PARAMS = ("body_mass", "body_com", "body_inertia")
 SHAPE_PARAMS = ("shape_friction", "shape_restitution", "shape_size")
-ACTUATOR_MODELS = ("implicit", "dc_motor")
+ACTUATOR_MODELS = ("implicit", "dc_motor", "network")
 JOINT_PARAMS = ("joint_stiffness", "joint_damping", "joint_effort_limit", "joint_friction", "joint_armature")
 
 
@@ -164,8 +164,8 @@ def add_robot(world, robot: RobotCfg, newton) -> None:
             value = getattr(actuator, key)
             if value is not None:
                 array[dof] = float(value)
-        # A dc_motor's PD runs outside the solver (simulation.py): MuJoCo gets no servo for it.
-        mode = newton.JointTargetMode.EFFORT if actuator.model == "dc_motor" else newton.JointTargetMode.POSITION
+        # A dc_motor's PD and a network run outside the solver (simulation.py): MuJoCo gets no servo for them.
+        mode = newton.JointTargetMode.POSITION if actuator.model == "implicit" else newton.JointTargetMode.EFFORT
         world.joint_target_mode[dof] = int(mode)
 
 
@@ -184,6 +184,10 @@ def joint_actuators(robot: RobotCfg, joint_names: list[str]) -> list[ActuatorCfg
         if actuator.model == "dc_motor" and (actuator.saturation_effort is None or actuator.velocity_limit is None):
             raise ValueError(f"task.scene.robot.actuators.{group}: a dc_motor needs saturation_effort [N m] and "
                              "velocity_limit [rad/s] (the torque-speed line of the motor's datasheet).")
+        if (actuator.model == "network") != (actuator.network is not None):
+            raise ValueError(f"task.scene.robot.actuators.{group}: model: network goes with network: <file.npz> (the "
+                             f"actuator network), and only with it; got model: {actuator.model}, network: "
+                             f"{actuator.network}")
         for i in _match(actuator.joints, joint_names, "joint", f"the robot (task.scene.robot.actuators.{group})"):
             chosen[i] = actuator
     return chosen

@@ -82,6 +82,13 @@ class NewtonSim:
             :data:`~legion.tasks.sim.SOLVER_LIMITS` during the last :meth:`step` (zeros for XPBD).
     """
 
+    # (num_envs, dofs) per-env joint parameters, views of the model's (set in _make_views: JOINT_PARAMS)
+    joint_stiffness: torch.Tensor
+    joint_damping: torch.Tensor
+    joint_effort_limit: torch.Tensor
+    joint_friction: torch.Tensor
+    joint_armature: torch.Tensor
+
     @_one_thread_at_a_time
     def __init__(self, scene: Scene | str, num_envs: int, dt: float, decimation: int, device: str = "cpu",
                  solver: str = "mujoco", solver_options: dict | None = None, contact_gap: float = 0.0,
@@ -115,10 +122,13 @@ class NewtonSim:
         self.solver = solver_adapter(self, dict(solver_options or {}))
         self.solver_limits = wp.to_torch(self.solver.limits)  # overwritten by every step
         self._make_motors()
+        self._make_networks(scene)
         self._make_reset_masks()
         self._sent = None  # the targets of the last control steps, made by set_command_latency
         self.command_latency: torch.Tensor | None = None  # (num_envs,) [physics steps], once set
-        self.graph = self._capture() if use_graph and solver_adapter.capturable else None
+        # Not with actuator networks: their torch is not in Warp's graph of the step (sim.capture_step
+        # records it with the rest of the env step on CUDA)
+        self.graph = self._capture() if use_graph and solver_adapter.capturable and not self.networks else None
         # The reset's forward kinematics as a graph too (recorded at the first reset): one launch
         # from Python costs ~0.4 ms on a CPU, most of it packing its arguments; a replay ~0.02 ms.
         self._fk_graph, self._record_fk = None, use_graph
@@ -267,6 +277,62 @@ class NewtonSim:
         self._feedforward = wp.clone(_allocated(control.joint_f))  # the env's joint_f, put back after the step
         self._motor_f = wp.clone(_allocated(control.joint_f))  # joint_f of the last physics step, motors included
 
+    def _make_networks(self, scene: Scene) -> None:
+        """The robot's ``network`` joints: per actuator network file, the joints it drives and the
+        ring of their position errors and velocities over the physics steps its history spans
+        (:meth:`_network_step` evaluates it before every physics step, in torch, for all worlds)."""
+        from legion.sim2real.deploy.actuator_network import ACTIVATIONS, load
+
+        files: dict[str, list[int]] = {}
+        for i, a in enumerate(joint_actuators(scene.robot, self.robot.joint_names)):
+            if a is not None and a.network is not None:  # (scene.py: model network, and only it, names one)
+                files.setdefault(a.network, []).append(i)
+        self.networks: list[dict] = []
+        activation = {"softsign": torch.nn.Softsign, "tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}
+        assert set(activation) == set(ACTIVATIONS)
+        for file, ids in files.items():
+            path = resolve_asset(file) if file.startswith("package://") else file
+            net = load(path)
+            layers: list[torch.nn.Module] = []
+            for w, b in zip(net.weights, net.biases):
+                linear = torch.nn.Linear(w.shape[1], w.shape[0], device=self.device)
+                linear.weight.data.copy_(torch.as_tensor(w))
+                linear.bias.data.copy_(torch.as_tensor(b))
+                layers += [linear, activation[net.activation]()]
+            stride = net.steps(self.dt)
+            ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
+            self.networks.append({
+                "file": file, "path": path, "stride": stride,
+                "mlp": torch.nn.Sequential(*layers[:-1]).requires_grad_(False),
+                "scale": net.output_scale, "coords": self.robot.joint_coords.start + ids_t,
+                "dofs": self.robot.joint_dofs.start + ids_t,
+                "mean": torch.as_tensor(net.input_mean, dtype=torch.float32, device=self.device),
+                "std": torch.as_tensor(net.input_std, dtype=torch.float32, device=self.device),
+                # (num_envs, joints, error | velocity, physics steps back): now first
+                "history": torch.zeros(self.num_envs, len(ids), 2, stride * (net.history - 1) + 1,
+                                       device=self.device),
+                "torque": torch.zeros(self.num_envs, len(ids), device=self.device)})
+        self._network_fresh = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        if self.networks and self.motors is None:  # the env's joint_f, put back after the step
+            self._feedforward = wp.clone(_allocated(self.control.joint_f))
+
+    def _network_step(self) -> None:
+        """Before each physics step: each actuator network's torques from the state of now and its
+        history (a world just reset fills its history with its present), clipped to the joints'
+        per-env effort limits and added to the efforts already there (the env's feed-forward, the
+        dc motors')."""
+        fresh = self._network_fresh[:, None, None, None]
+        for net in self.networks:
+            coords, dofs, history = net["coords"], net["dofs"], net["history"]
+            now = torch.stack([self.joint_target_q[:, coords] - self.joint_q[:, coords], self.joint_qd[:, dofs]], -1)
+            history.copy_(torch.where(fresh, now[..., None], torch.cat([now[..., None], history[..., :-1]], -1)))
+            x = history[..., ::net["stride"]].flatten(2)  # (num_envs, joints, 2 history): errors, then velocities
+            torque = net["mlp"]((x - net["mean"]) / net["std"])[..., 0] * net["scale"]
+            limit = self.joint_effort_limit[:, dofs]
+            net["torque"].copy_(torch.minimum(torch.maximum(torque, -limit), limit))
+            self.joint_f[:, dofs] += net["torque"]
+        self._network_fresh.fill_(False)
+
     def _sync_motor_params(self) -> None:
         for view, name in self._motor_params:
             view.copy_(getattr(self.robot, name)[:, self.motor_joint_ids])
@@ -300,7 +366,8 @@ class NewtonSim:
     def _simulate(self) -> None:
         motors, joint_f = self.motors, _allocated(self.control.joint_f)
         late = self._late_targets() if self._sent is not None else None
-        if motors is None and (late is None or self.solver.backend == "c"):
+        networks = self.networks
+        if motors is None and not networks and (late is None or self.solver.backend == "c"):
             # one call for the control step: the C backend steps it in one go, a late command included
             self.solver.step(self.state, self.control, self.dt, self.decimation,
                              **({} if late is None else {"late": (late[0], late[2])}))
@@ -313,12 +380,17 @@ class NewtonSim:
                     self.joint_target_q.copy_(torch.where((split > next(substeps)).unsqueeze(1), older, newer))
                 if motors is not None:
                     self._motor_step()
+                elif networks:
+                    wp.copy(joint_f, self._feedforward)
+                if networks:
+                    self._network_step()
 
-            if motors is not None:
+            if motors is not None or networks:
                 wp.copy(self._feedforward, joint_f)
+            if motors is not None:
                 self._motor_history = tuple(self._motor_states or (None, None))
             self.solver.step(self.state, self.control, self.dt, self.decimation, before_each_step=before_each_step)
-            if motors is not None:
+            if motors is not None or networks:
                 wp.copy(joint_f, self._feedforward)
             if self._motor_states is not None and self.decimation % 2:  # a graph replays the same buffers:
                 self._motor_states[0].assign(self._motor_states[1])   # end where it began
@@ -427,6 +499,8 @@ class NewtonSim:
             self._motor_reset.copy_(self._reset_mask_t[: self.num_envs, None].expand_as(self._motor_reset))
             for history in self._motor_states:
                 history.reset(self._motor_reset_wp)
+        if self.networks:  # a reset world's actuator networks start from its present, not its past
+            self._network_fresh |= self._reset_mask_t[: self.num_envs]
         if self._sent is not None:  # a reset world's first targets act at once (nothing sent before them)
             self._sent_fresh |= self._reset_mask_t[: self.num_envs]
         if self.cameras is not None:
@@ -475,6 +549,10 @@ class NewtonSim:
         views |= {f"{name}.default_root_pose": e.default_root_pose for name, e in self.scene.items()
                   if getattr(e, "default_root_pose", None) is not None}
         views |= {f"motors.{i}": wp.to_torch(a) for i, a in enumerate(self._motor_arrays())}
+        views |= {f"networks.{i}.{key}": net[key] for i, net in enumerate(self.networks)
+                  for key in ("history", "torque")}
+        if self.networks:
+            views["networks.fresh"] = self._network_fresh
         if self._sent is not None:
             views |= {"command_latency": self.command_latency, "command_latency.sent": self._sent,
                       "command_latency.step": self._sent_step, "command_latency.fresh": self._sent_fresh}

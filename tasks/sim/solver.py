@@ -643,11 +643,7 @@ class MuJoCoC(MuJoCo):
             self._late = (late_ctrl, split)
         wp.capture_launch(graphs["push"])
         self._to_rows("qpos", "qvel", "act", "qfrc_applied", "xfrc_applied")
-        if self.steps_motors:  # the PD actuators' ctrl: the joint targets (the slopes' have a gain of 0)
-            ctrl = self.columns["ctrl"].start
-            self.states[:, ctrl: ctrl + len(self._motor_coords)] = self._targets[:, self._motor_coords]
-        else:
-            self._to_rows("ctrl")
+        self._ctrl_to_rows()
         if before_each_step is None:
             self._run(steps)
         else:
@@ -657,10 +653,18 @@ class MuJoCoC(MuJoCo):
                 wp.capture_launch(graphs["pull_coordinates"])
                 before_each_step()
                 wp.capture_launch(graphs["push_control"])
-                self._to_rows("ctrl", "qfrc_applied", "xfrc_applied")
+                self._ctrl_to_rows()
+                self._to_rows("qfrc_applied", "xfrc_applied")
                 self._run(1)
         self._from_rows("qpos", "qvel", "act")
         wp.capture_launch(graphs["pull"])
+
+    def _ctrl_to_rows(self) -> None:
+        if self.steps_motors:  # the PD actuators' ctrl: the joint targets (the slopes' have a gain of 0)
+            ctrl = self.columns["ctrl"].start
+            self.states[:, ctrl: ctrl + len(self._motor_coords)] = self._targets[:, self._motor_coords]
+        else:
+            self._to_rows("ctrl")
 
     def _run(self, steps: int) -> None:
         """Every world ``steps`` physics steps in C, one thread per core."""
