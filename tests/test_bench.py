@@ -38,6 +38,8 @@ SMALLEST = {
                         "agent.video.max_seconds=0.2", "agent.num_steps_per_env=4"], "training_video.json"),
     "policy_latency": (["--calls", "50"], "policy_latency.json"),
     "cameras": (["--num-envs", "8", "--steps", "3", "--sizes", "16"], "cameras.json"),
+    "actuator_network": (["--num-envs", "8", "--steps", "2", "--chunk", "2", "--backends", "c"],
+                         "actuator_network.json"),
     "deploy_dds": (None, "deploy_dds_go2.json"),  # its run: an untrained Go2 policy, exported (below)
     "push_recovery": (None, "push_recovery.json"),  # its run: an untrained quadruped policy (below)
     "calibration": (None, "calibration.json"),  # its run: an untrained Go2 policy, exported (below)
