@@ -520,3 +520,56 @@ def test_field_of_view_jitter_shows_each_world_its_own_pinhole():
     fov, cameras = env.sim.cameras.fov["front"], env.sim.cameras
     assert fov.min() >= 50 and fov.max() <= 65 and fov.std() > 1 and cameras._render_fov["front"] == 65
     assert "cameras.front.fov" in env.sim.state_dict()
+
+
+def test_an_image_with_its_own_timestamp_is_held_when_stale_and_stops_the_loop_when_older(tmp_path):
+    """A camera's image may carry its own time (``<camera>/timestamp``): while the rest of the state
+    stays fresh, an image older than its frame period in training plus the loop's stale limit holds
+    the last targets (the policy does not run on it), one older than 0.5 s stops the loop naming
+    the camera; an image stamped ahead of the loop's clock stops it as a clock mismatch."""
+    from conftest import export_untrained_run
+    from legion.sim2real.deploy import ControlLoop, PolicyRunner
+    from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
+
+    made = export_untrained_run(tmp_path, "task=arm_lift_camera", "task.episode_length_s=1.0")
+    runner = PolicyRunner(made["out"] / "policy.onnx")
+    try:
+        robot = MuJoCoRobot(made["out"] / "robot.mjb", runner.metadata)
+    except Exception as e:
+        if "OpenGL" not in str(e) and "EGL" not in str(e):
+            raise
+        pytest.skip(f"MuJoCo cannot render here: {e}")
+    (camera, contract), = runner.metadata.cameras.items()
+
+    class StampedImages:
+        """The robot, its camera's image stamped with the time it was taken: frozen from ``freeze`` on."""
+
+        def __init__(self):
+            self.freeze, self.image_time, self.ages = None, 0.0, []
+
+        def read_state(self):
+            state = robot.read_state()
+            if self.freeze is None or state["timestamp"] < self.freeze:
+                self.image_time = state["timestamp"]
+            state[f"{camera}/timestamp"] = self.image_time
+            self.ages.append(state["timestamp"] - self.image_time)
+            return state
+
+        def write_targets(self, targets):
+            robot.write_targets(targets)
+
+    stamped = StampedImages()
+    robot.reset()
+    stamped.freeze = robot.time() + 0.1
+    loop = ControlLoop(stamped, runner, now=robot.time, realtime=False)
+    modes = [loop.step() for _ in range(round(0.8 / loop.dt))]
+    stale = contract.frame_period_s + loop.safety.stale_after_s
+    expected = ["policy" if age <= stale else "hold" if age <= 0.5 else "stop" for age in stamped.ages]
+    assert modes[:len(expected)] == expected and {"policy", "hold", "stop"} <= set(modes)  # (the stop is latched:
+    assert modes[len(expected):] == ["stop"] * (len(modes) - len(expected))  # the state is not read again)
+    assert loop.stopped is not None and loop.stopped.startswith(f"camera '{camera}' image ")
+    assert "ms old (limit 500 ms)" in loop.stopped
+
+    ahead = ControlLoop(stamped, runner, now=lambda: robot.time() - 1.0, realtime=False)
+    stamped.freeze = None
+    assert ahead.step() == "stop" and "clock mismatch" in ahead.stopped

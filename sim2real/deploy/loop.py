@@ -10,7 +10,11 @@ Safety, in the order it is applied:
   the loop reads (e.g. ``time.time()`` against ``time.monotonic()``), and the watchdog below
   cannot work. A missing or non-numeric ``timestamp`` raises (see "Errors").
 - Watchdog: sensor data older than ``stale_after_s`` -> the loop HOLDS the last targets it
-  wrote (the policy does not run on stale data); older than ``damp_after_s`` -> it STOPS.
+  wrote (the policy does not run on stale data); older than ``damp_after_s`` -> it STOPS. A
+  camera's image may carry its own time (``<camera>/timestamp``: cameras run at their own rate,
+  slower than the loop); older than ``image_stale_after_s`` (default: the camera's frame period
+  in training plus ``stale_after_s``) it HOLDS, older than ``image_damp_after_s`` it STOPS, and
+  its clock is checked as the state's. Without it, an image is as old as the state.
 - NaN guard: a non-finite value in the state the policy reads, or in the policy's output
   (:class:`~legion.sim2real.deploy.policy.NonFiniteError`) -> it STOPS.
 - STOP is latched (restart the loop to leave it): every later tick calls ``robot.damp()`` if
@@ -64,6 +68,9 @@ class SafetyConfig:
     max_target_rate: float = 20.0  # [rad/s] largest change of any joint target
     limit_margin: float = 0.0  # [rad] kept inside the joint limits
     max_clock_skew_s: float = 0.01  # [s] how far a state timestamp may lie ahead of the loop's clock
+    # image age [s] beyond which the last targets are held; None: its camera's frame period + stale_after_s
+    image_stale_after_s: float | None = None
+    image_damp_after_s: float = 0.5  # image age [s] beyond which the loop stops and damps
 
 
 @dataclass
@@ -109,6 +116,10 @@ class ControlLoop:
         self.lower = limits[:, 0] + self.safety.limit_margin
         self.upper = limits[:, 1] - self.safety.limit_margin
         self.stats = LoopStats(self.dt)
+        # per camera the policy sees through: how old its image may be before the targets are held
+        stale = self.safety.image_stale_after_s
+        self.image_stale_after_s = {name: camera.frame_period_s + self.safety.stale_after_s if stale is None else stale
+                                    for name, camera in runner.metadata.cameras.items()}
         self.stopped: str | None = None  # why the loop stopped, once it has
         self.last_targets: np.ndarray | None = None
         self.last_joint_pos: np.ndarray | None = None
@@ -148,17 +159,46 @@ class ControlLoop:
         except Exception as e:
             self.stopped = f"{self.stopped or reason}; damping failed too ({e.__class__.__name__}: {e})"
 
-    def sensor_age(self, state: dict) -> float:
-        """Age [s] of a state by its ``timestamp`` on the loop's clock: negative if it lies in the
-        future, not finite if the timestamp is not. Raises StateError without a numeric timestamp."""
-        if "timestamp" not in state:
-            raise StateError("robot state lacks 'timestamp': the watchdog needs when the sensors were sampled [s], "
+    def sensor_age(self, state: dict, key: str = "timestamp") -> float:
+        """Age [s] of a state by its ``timestamp`` (or another key's time) on the loop's clock:
+        negative if it lies in the future, not finite if the timestamp is not. Raises StateError
+        without a numeric timestamp."""
+        if key not in state:
+            raise StateError(f"robot state lacks '{key}': the watchdog needs when the sensors were sampled [s], "
                              "on the loop's clock (ControlLoop(now=...), time.monotonic by default)")
         try:
-            return self.now() - float(state["timestamp"])
+            return self.now() - float(state[key])
         except (TypeError, ValueError):
-            raise StateError(f"robot state 'timestamp' = {state['timestamp']!r} is not a number; it must be when the "
+            raise StateError(f"robot state '{key}' = {state[key]!r} is not a number; it must be when the "
                              "sensors were sampled [s], on the loop's clock (ControlLoop(now=...))") from None
+
+    def _watchdog(self, state: dict) -> str:
+        """POLICY, HOLD or STOP (latched, with its reason) by the age of the state and of each
+        camera image that carries its own time (the module docstring)."""
+        safety = self.safety
+        ages = [("sensor data", "timestamp", self.sensor_age(state), safety.stale_after_s, safety.damp_after_s)]
+        ages += [(f"camera '{name}' image", f"{name}/timestamp", self.sensor_age(state, f"{name}/timestamp"), stale,
+                  safety.image_damp_after_s) for name, stale in self.image_stale_after_s.items()
+                 if f"{name}/timestamp" in state]
+        mode = POLICY
+        for what, key, age, stale, damp in ages:
+            if not math.isfinite(age):
+                self.stop(f"non-finite robot state ['{key}']")
+            elif age < -safety.max_clock_skew_s:
+                stamp = "timestamp" if key == "timestamp" else f"'{key}'"
+                self.stop(f"clock mismatch: the state's {stamp} is {-age:.3f} s ahead of the loop's clock "
+                          f"(tolerance {safety.max_clock_skew_s * 1e3:.0f} ms). The robot driver must stamp "
+                          "states with the clock the loop reads (ControlLoop(now=...), time.monotonic by "
+                          "default; not time.time() in one and time.monotonic() in the other).")
+            elif age > damp:
+                hint = (" (that old: does the driver stamp another clock than the loop's now(), e.g. time.time() "
+                        "against time.monotonic()?)" if age >= CLOCK_MISMATCH_HINT_S else "")
+                self.stop(f"{what} {age * 1e3:.0f} ms old (limit {damp * 1e3:.0f} ms){hint}")
+            elif age > stale:
+                mode = HOLD
+            if self.stopped is not None:
+                return STOP
+        return mode
 
     def step(self, command=None) -> str:
         """One tick: returns the mode it ran in (``"policy"``, ``"hold"`` or ``"stop"``).
@@ -170,24 +210,13 @@ class ControlLoop:
             if self.stopped is None:
                 where = "read_state"
                 state = self.robot.read_state()
-                age, safety = self.sensor_age(state), self.safety
-                if not math.isfinite(age):
-                    self.stop("non-finite robot state ['timestamp']")
-                elif age < -safety.max_clock_skew_s:
-                    self.stop(f"clock mismatch: the state's timestamp is {-age:.3f} s ahead of the loop's clock "
-                              f"(tolerance {safety.max_clock_skew_s * 1e3:.0f} ms). The robot driver must stamp "
-                              "states with the clock the loop reads (ControlLoop(now=...), time.monotonic by "
-                              "default; not time.time() in one and time.monotonic() in the other).")
-                elif age > safety.damp_after_s:
-                    hint = (" (that old: does the driver stamp another clock than the loop's now(), e.g. time.time() "
-                            "against time.monotonic()?)" if age >= CLOCK_MISMATCH_HINT_S else "")
-                    self.stop(f"sensor data {age * 1e3:.0f} ms old (limit {safety.damp_after_s * 1e3:.0f} ms){hint}")
-                elif age > safety.stale_after_s:
+                watchdog = self._watchdog(state)
+                if watchdog == HOLD:
                     mode = HOLD
                     if self.last_targets is not None:
                         where = "write_targets"
                         self.robot.write_targets(self.last_targets)
-                else:
+                elif watchdog == POLICY:
                     where = "the policy"
                     try:
                         targets = self.runner.act(state, command)

@@ -32,7 +32,8 @@ A robot state is a dict of numpy arrays, in SI units and the joint order of
 - ``<camera>/depth`` (H, W) float32 [m] and ``<camera>/rgb`` (H, W, 3) uint8 (only for a policy
   that sees, for each camera of ``metadata.cameras`` its image terms read): planar depth along
   the optical axis (0, NaN or outside the camera's [near, far]: no return) and sRGB colour, of a
-  camera at the mount, resolution and field of view the contract states
+  camera at the mount, resolution and field of view the contract states; optionally
+  ``<camera>/timestamp`` [s], when that image was taken (the control loop holds on a stale one)
 - ``timestamp`` [s]: when the sensors were sampled (used by the control loop's watchdog)
 
 A task-space policy (``action.type`` task_space) acts on its body's pose: the runtime turns the
