@@ -24,6 +24,12 @@ held out: the RMSE there, nominal against calibrated, says whether the fit gener
 sim2sim reality=<it>`` runs the calibrated model), ``task_calibrated.yaml`` (the run's task whose
 randomization is centred on the estimates, :func:`training_overlay`) and ``calibration.png``
 (held-out windows, logged against the nominal and the calibrated model).
+
+With ``actuator_network=True`` it also learns, per joint group, an actuator network (Hwangbo et
+al. 2019; :mod:`legion.sim2real.deploy.actuator_network`) from the logged tau_est
+(:func:`learn_actuator_networks`): ``actuator_network.npz`` (per group
+``actuator_network_<group>.npz``), its held-out torque RMSE against the nominal and the fitted
+analytic motor in the report, and the task file's robot drives the group's joints with it.
 """
 
 from __future__ import annotations
@@ -33,8 +39,14 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from legion.sim2real.deploy.actuator_network import ActuatorNetwork
 
 # name -> prior range; the joints' apply to every policy joint alike (or per joint group)
 PARAMETERS = {"kp_scale": (0.5, 1.5), "kd_scale": (0.3, 3.0), "coulomb_friction": (0.0, 1.0),
@@ -247,18 +259,28 @@ def _search(fit: Fit, start: np.ndarray, sigma: float, budget: int, seed: int, s
 def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s: float = 0.5,
               max_evaluations: int = 600, bootstrap: int = 8, bootstrap_evaluations: int = 60, seed: int = 0,
               out_dir: str | Path | None = None, groups: dict[str, str] | None = None, say=print,
-              task: dict | None = None, hung: bool = True) -> dict:
+              task: dict | None = None, hung: bool = True, actuator_network: bool = False) -> dict:
     """``legion calibrate`` as a function (module docstring). Returns the report it writes.
     ``task``: the run's ``task`` config (plain dicts) for the training overlay (:func:`training_overlay`).
-    ``hung=False``: the logs are of the robot standing or walking (:func:`load_windows`)."""
+    ``hung=False``: the logs are of the robot standing or walking (:func:`load_windows`).
+    ``actuator_network=True``: also an actuator network per joint group, learned from the logged
+    tau_est (:func:`learn_actuator_networks`), written as ``actuator_network.npz`` (per group:
+    ``actuator_network_<group>.npz``) and compared on the held-out windows with the nominal and the
+    fitted analytic motor; ValueError where the logs hold no joint_torque."""
     from legion.sim2real.deploy.contract import PolicyContract
 
     exported = Path(exported)
     meta = PolicyContract.load(exported / "policy.json")
     windows = load_windows(log, meta.joint_names, meta.control_dt, window_s, hung)
+    if actuator_network and any(w.joint_torque is None for w in windows):
+        raise ValueError(f"actuator_network=true: the logs in {log} hold no joint_torque, the motors' tau_est (a "
+                         "Unitree robot reports it; `legion bridge` publishes it), and an actuator network learns "
+                         "the torque from it")
+    if actuator_network:
+        network_split(windows)  # (too few windows: refused before the fit)
+    names = fitted(params, groups)  # (an unknown parameter is refused before anything runs)
     held_out = windows[3::4]
     fitting = [w for i, w in enumerate(windows) if i % 4 != 3]
-    names = fitted(params, groups)
     fit = Fit(exported / "robot.mjb", meta, fitting, names, groups)
     nominal = {n: NOMINAL[_base(n)] for n in names}
     # Two starts, half the budget each: the nominal model and the middle of every prior (the loss has
@@ -301,6 +323,19 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
               "estimates": best, "profile": profile, "held_out_rmse_rad": rmse}
     out = Path(out_dir) if out_dir else Path(log)
     out.mkdir(parents=True, exist_ok=True)
+    if actuator_network:
+        say(f"[calibrate] an actuator network per joint group ({', '.join(groups or {'all': '.*'})}), from "
+            "the logged tau_est")
+        learned = learn_actuator_networks(windows, meta, groups, best, seed, info={
+            "log": str(Path(log).resolve()), "export": str(exported.resolve()), "groups": groups or {"all": ".*"}})
+        report["actuator_network"] = {}
+        for label, actuator in learned.items():
+            path = (out / ("actuator_network.npz" if groups is None else f"actuator_network_{label}.npz")).resolve()
+            actuator.network.save(path)
+            report["actuator_network"][label] = {"file": str(path), "pattern": (groups or {"all": ".*"})[label],
+                                                 "joints": actuator.joints,
+                                                 "training": actuator.network.info["training"],
+                                                 "held_out_torque_rmse_nm": actuator.rmse}
     (out / "calibration.json").write_text(json.dumps(report, indent=2))
     lines = ["# Calibrated by `legion calibrate` from " + str(log), "name: calibrated",
              f"latency_ms: {{mean: {best.get('latency_ms', 0.0):.3f}}}"]
@@ -316,8 +351,10 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
     (out / "task_calibrated.yaml").write_text(training_overlay(report, meta, groups, task))
     plot(fit, held_out, nominal, best, meta.joint_names, out / "calibration.png")
     say(table(report))
+    networks = [entry["file"] for entry in report.get("actuator_network", {}).values()]
     say(f"[calibrate] wrote {out / 'calibration.json'}, {out / 'reality_calibrated.yaml'}, "
-        f"{out / 'task_calibrated.yaml'} (train on the calibrated simulator), {out / 'calibration.png'}")
+        f"{out / 'task_calibrated.yaml'} (train on the calibrated simulator), {out / 'calibration.png'}"
+        + "".join(f", {file}" for file in networks))
     return report
 
 
@@ -393,7 +430,17 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
     for name, event in task.get("events", {}).items():
         if (event.get("func") or name) in funcs and event.get("enabled", True):
             lines.append(f"    {name}: {{enabled: false}}   # the calibrated draw above replaces it")
+    networks = report.get("actuator_network", {})
+    if networks:  # the learned actuator networks drive their groups' joints (configs/schema.py, Actuator)
+        lines += ["  scene:", "    robot:", "      actuators:"]
+        lines += [f"        {label}: {{joints: {_quoted(entry['pattern'])}, model: network, "
+                  f"network: {_quoted(entry['file'])}}}" for label, entry in networks.items()]
     return "\n".join(header + lines) + "\n"
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a single-quoted YAML string (a regex's backslashes stay as written)."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def plot(fit: Fit, windows: list[Window], nominal: dict, calibrated: dict, joint_names: list[str], path: Path) -> None:
@@ -442,4 +489,238 @@ def table(report: dict) -> str:
     if rmse["calibrated"] >= rmse["nominal"]:
         rows.append("WARNING: the calibrated model does not beat the nominal one on the held-out windows: it fitted "
                     "noise or effects outside its parameters; do not use these estimates")
+    for label, entry in report.get("actuator_network", {}).items():
+        torque = entry["held_out_torque_rmse_nm"]
+        fitted_motor = (f"fitted motor {torque['fitted']:.4f} ({', '.join(torque['fitted_with'])})"
+                        if torque["fitted"] is not None else
+                        f"no fitted motor ({', '.join(MOTOR_PARAMS)} not fitted in this run)")
+        rows.append(f"actuator network {label} ({len(entry['joints'])} joints): held-out torque RMSE network "
+                    f"{torque['network']:.4f} N m, nominal motor {torque['nominal']:.4f}, {fitted_motor}")
+        if torque["network"] >= min(t for t in (torque["nominal"], torque["fitted"]) if t is not None):
+            rows.append(f"WARNING: the actuator network of {label} does not beat the analytic motor on the held-out "
+                        "windows: more (or more varied) logs, or keep the analytic motor")
     return "\n".join(rows)
+
+
+# --- the actuator network (Hwangbo et al. 2019; legion.sim2real.deploy.actuator_network) -----------
+NETWORK_HISTORY = 3  # instants of position error and velocity, consecutive control ticks
+NETWORK_HIDDEN = (32, 32)  # softsign layers, as Hwangbo's
+MOTOR_PARAMS = ("kp_scale", "kd_scale", "latency_ms")  # what the fitted analytic motor takes of a calibration
+
+
+@dataclass
+class MotorSamples:
+    """Per logged tick with a whole history and per joint (rows: ticks, columns: joints): what an
+    actuator network and the analytic motor read there, and the logged torque."""
+
+    errors: np.ndarray  # (N, J, history) the target in effect minus the joint position, now first
+    velocities: np.ndarray  # (N, J, history) the joint velocities, now first
+    torques: np.ndarray  # (N, J) the motors' tau_est
+    targets: np.ndarray  # (N, J) the target in effect now (written at the tick before)
+    positions: np.ndarray  # (N, J) q now
+    speeds: np.ndarray  # (N, J) dq now
+
+    def pooled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """errors, velocities (N J, history) and torques (N J,): every joint a sample, as Hwangbo pooled them."""
+        h = self.errors.shape[-1]
+        return self.errors.reshape(-1, h), self.velocities.reshape(-1, h), self.torques.reshape(-1)
+
+
+def motor_samples(windows: list[Window], joints: list[int], history: int = NETWORK_HISTORY,
+                  delay: int = 0) -> MotorSamples:
+    """The :class:`MotorSamples` of ``joints`` (indices) in ``windows``. At a logged tick t (state
+    t read: q(t), dq(t), tau_est(t)) the target in effect is the one written at the tick before,
+    ``targets[t - 1]``, so ``error(t) = targets[t - 1] - joint_pos[t]``; the history steps back one
+    tick at a time, and a window's first ``history`` ticks, whose history lies before it, give no
+    sample. ``delay``: the ``targets`` an analytic motor with that many ticks of latency acts on,
+    ``targets[t - 1 - delay]`` (the errors keep ``targets[t - 1]``)."""
+    out: dict[str, list[np.ndarray]] = {k: [] for k in ("errors", "velocities", "torques", "targets", "positions",
+                                                        "speeds")}
+    for w in windows:
+        if w.joint_torque is None:
+            raise ValueError("a window without joint_torque (tau_est): the motors' torques label the samples")
+        ticks = np.arange(history, len(w.targets) + 1)  # t, whose instants t - i (i < history) all hold a target
+        if not len(ticks):
+            continue
+        lag = ticks[:, None] - np.arange(history)  # (n, history): the instants, now first
+        q, dq, targets = (np.asarray(a, np.float64)[:, joints] for a in (w.joint_pos, w.joint_vel, w.targets))
+        out["errors"].append((targets[lag - 1] - q[lag]).transpose(0, 2, 1))
+        out["velocities"].append(dq[lag].transpose(0, 2, 1))
+        out["torques"].append(np.asarray(w.joint_torque, np.float64)[ticks][:, joints])
+        out["targets"].append(targets[np.maximum(ticks - 1 - delay, 0)])
+        out["positions"].append(q[ticks])
+        out["speeds"].append(dq[ticks])
+    if not out["errors"]:
+        raise ValueError(f"no window holds more than {history} ticks: an actuator network's history needs longer "
+                         "windows (window_s)")
+    return MotorSamples(**{k: np.concatenate(v) for k, v in out.items()})
+
+
+def fit_actuator_network(errors: np.ndarray, velocities: np.ndarray, torques: np.ndarray,
+                         validation: tuple[np.ndarray, np.ndarray, np.ndarray], stride_s: float, seed: int = 0,
+                         hidden: tuple[int, ...] = NETWORK_HIDDEN, activation: str = "softsign",
+                         batch: int = 1024, lr: float = 1e-2, max_epochs: int = 500, patience: int = 40,
+                         info: dict | None = None) -> tuple[ActuatorNetwork, torch.nn.Module]:
+    """An actuator network learned from samples (errors, velocities: (N, history), now first;
+    torques (N,) [N m]): torch, Adam on the mean squared torque error over shuffled batches of
+    ``batch`` samples, the inputs normalized by their mean and std, the output scaled by the
+    torques' std. After each pass over the samples (an epoch) it scores the ``validation`` samples;
+    it stops when that loss has not improved for ``patience`` epochs and keeps the weights that were
+    best there. Deterministic for a ``seed`` (one CPU thread, float32). Returns the
+    :class:`~legion.sim2real.deploy.actuator_network.ActuatorNetwork` (what the file holds) and the
+    trained torch module, in float64: torques from error and velocity tensors, the same function."""
+    import torch
+
+    from legion.sim2real.deploy.actuator_network import ActuatorNetwork
+
+    history = errors.shape[-1]
+    inputs = np.concatenate([errors, velocities], axis=-1)
+    mean, std = inputs.mean(0), np.maximum(inputs.std(0), 1e-9)
+    scale = float(max(torques.std(), 1e-9))
+    act = {"softsign": torch.nn.functional.softsign, "tanh": torch.tanh, "relu": torch.relu}[activation]
+
+    mean_t, std_t = torch.as_tensor(mean, dtype=torch.float64), torch.as_tensor(std, dtype=torch.float64)
+
+    class Network(torch.nn.Module):
+        def __init__(self, layers: list[torch.nn.Linear]):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(layers)
+
+        def normalized(self, x):  # the last layer's output from normalized inputs (what is trained)
+            for i, layer in enumerate(self.layers):
+                x = layer(x)
+                if i < len(self.layers) - 1:
+                    x = act(x)
+            return x[..., 0]
+
+        def forward(self, errors, velocities):  # (float64 once trained, as the file)
+            return self.normalized((torch.cat([errors, velocities], -1) - mean_t) / std_t) * scale
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small matrices: a second thread costs more than it gives (and would reorder sums)
+    try:
+        with torch.random.fork_rng(devices=[]):  # the seed's weights and batches; the caller's generator untouched
+            torch.manual_seed(seed)
+            sizes = [2 * history, *hidden, 1]
+            layers = [torch.nn.Linear(a, b) for a, b in zip(sizes, sizes[1:])]
+            module = Network(layers)
+            x = torch.as_tensor((inputs - mean) / std, dtype=torch.float32)
+            y = torch.as_tensor(torques / scale, dtype=torch.float32)
+            x_val = torch.as_tensor((np.concatenate(validation[:2], axis=-1) - mean) / std, dtype=torch.float32)
+            y_val = torch.as_tensor(validation[2] / scale, dtype=torch.float32)
+            optimizer = torch.optim.Adam(module.parameters(), lr=lr)
+            best, best_state, since, epochs = np.inf, None, 0, 0
+            while epochs < max_epochs:
+                epochs += 1
+                for rows in torch.randperm(len(x)).split(batch):
+                    optimizer.zero_grad()
+                    loss = torch.mean((module.normalized(x[rows]) - y[rows]) ** 2)
+                    loss.backward()
+                    optimizer.step()
+                with torch.no_grad():
+                    held = float(torch.mean((module.normalized(x_val) - y_val) ** 2))
+                if held < best:
+                    best, since = held, 0
+                    best_state = {k: v.clone() for k, v in module.state_dict().items()}
+                else:
+                    since += 1
+                    if since >= patience:
+                        break
+    finally:
+        torch.set_num_threads(threads)
+    if best_state is not None:
+        module.load_state_dict(best_state)
+    module.double().eval()
+    network = ActuatorNetwork(weights=[layer.weight.detach().numpy().copy() for layer in layers],
+                              biases=[layer.bias.detach().numpy().copy() for layer in layers],
+                              input_mean=mean, input_std=std, output_scale=scale, history=history,
+                              stride_s=stride_s, activation=activation, info=dict(info or {}))
+    network.info["training"] = {"epochs": epochs, "samples": len(x), "validation_rmse_nm": float(np.sqrt(best) * scale)}
+    return network, module
+
+
+@dataclass
+class LearnedActuator:
+    """One joint group's actuator network, from :func:`learn_actuator_networks`."""
+
+    network: ActuatorNetwork  # what the file holds
+    module: torch.nn.Module  # the trained torch module: torques from (errors, velocities) tensors (..., history)
+    joints: list[str]  # the group's joints, every one a sample
+    rmse: dict  # held-out torque RMSE [N m]: network, nominal, fitted (None: no motor parameter fitted)
+
+
+def _rmse(predicted: np.ndarray, logged: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((predicted - logged) ** 2)))
+
+
+def network_split(windows: list[Window]) -> tuple[list[Window], list[Window], list[Window]]:
+    """An actuator network's windows: to train on, to stop its training (every fifth of those
+    :func:`calibrate` fits to) and held out (every fourth, as :func:`calibrate` holds them out);
+    ValueError where they hold no joint_torque or are too few."""
+    if any(w.joint_torque is None for w in windows):
+        raise ValueError("an actuator network learns from the motors' torques, and these logs hold no joint_torque "
+                         "(tau_est, which a Unitree robot reports)")
+    held_out = windows[3::4]
+    fitting = [w for i, w in enumerate(windows) if i % 4 != 3]
+    training, validation = [w for i, w in enumerate(fitting) if i % 5 != 4], fitting[4::5]
+    if not validation:
+        raise ValueError(f"{len(windows)} windows of the logs: an actuator network needs at least 6 (every fourth "
+                         "held out, every fifth of the rest to stop its training)")
+    return training, validation, held_out
+
+
+def learn_actuator_networks(windows: list[Window], meta, groups: dict[str, str] | None = None,
+                            estimates: dict | None = None, seed: int = 0, history: int = NETWORK_HISTORY,
+                            hidden: tuple[int, ...] = NETWORK_HIDDEN, info: dict | None = None
+                            ) -> dict[str, LearnedActuator]:
+    """Per joint group (``groups``: name -> regex over the joint names; None: one, ``all``), an
+    actuator network learned from the windows' joint positions, velocities, targets and tau_est,
+    every joint of the group pooled (:func:`motor_samples`, :func:`fit_actuator_network`; the
+    history's stride is the log's control dt). Every fourth window is held out, as
+    :func:`calibrate` holds them out; every fifth of the rest decides when training stops. On the
+    held-out windows, the torque RMSE of the network, of the export's PD law (``nominal``:
+    :func:`~legion.sim2real.deploy.mujoco_robot.pd_torque` with the metadata's gains and clip, at
+    the same target in effect, q and dq) and of that law with a calibration's ``estimates``
+    (``fitted``: kp_scale, kd_scale and latency_ms, the latency as whole ticks of delay; None where
+    ``estimates`` holds none of them for the group)."""
+    import math
+    import re
+
+    from legion.sim2real.deploy.mujoco_robot import motor_gains, pd_torque
+
+    training, validation, held_out = network_split(windows)
+    estimates = estimates or {}
+    kp, kd, effort, saturation, v_limit = motor_gains(meta)
+    learned = {}
+    for label, pattern in (groups or {"all": ".*"}).items():
+        joints = [k for k, name in enumerate(meta.joint_names) if re.fullmatch(pattern, name)]
+        if not joints:
+            raise ValueError(f"joint group {label} ({pattern}) matches none of the joints "
+                             f"({', '.join(meta.joint_names)})")
+        names = [meta.joint_names[k] for k in joints]
+        network, module = fit_actuator_network(*motor_samples(training, joints, history).pooled(),
+                                               motor_samples(validation, joints, history).pooled(),
+                                               meta.control_dt, seed=seed, hidden=hidden,
+                                               info={**(info or {}), "group": label, "pattern": pattern,
+                                                     "joints": names})
+        test = motor_samples(held_out, joints, history)
+        clip = (effort[joints], saturation[joints], v_limit[joints])
+        rmse: dict = {"network": _rmse(network(test.errors, test.velocities), test.torques),
+                      "nominal": _rmse(pd_torque(test.targets, test.positions, test.speeds, kp[joints], kd[joints],
+                                                 *clip), test.torques)}
+        values = {p: estimates[name] for p in MOTOR_PARAMS
+                  for name in (p, f"{p}@{label}") if estimates.get(name) is not None}
+        rmse["fitted"] = None
+        if values:
+            # the target in effect at the last physics step before a reading (the logs' control dt
+            # apart, the latency's at physics-step resolution, as RealityRobot applies it)
+            latency, dt, step = values.get("latency_ms", 0.0) * 1e-3, meta.control_dt, meta.physics_dt
+            delay = max(0, math.ceil((latency + 0.5 * step) / dt - 1e-9) - 1)
+            late = motor_samples(held_out, joints, history, delay)
+            rmse["fitted"] = _rmse(pd_torque(late.targets, late.positions, late.speeds,
+                                             kp[joints] * values.get("kp_scale", 1.0),
+                                             kd[joints] * values.get("kd_scale", 1.0), *clip), late.torques)
+            rmse["fitted_with"] = values
+        network.info["held_out_torque_rmse_nm"] = rmse
+        learned[label] = LearnedActuator(network, module, names, rmse)
+    return learned

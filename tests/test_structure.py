@@ -16,11 +16,15 @@ PACKAGE = ROOT / "legion"
 # The learning code sees only the VecEnv contract, never a task; the library (legion.api) builds
 # what sim2real, the viewer, evaluation and the commands use; nothing below the command layer
 # (legion.commands: one module per command) imports it, and the CLI only dispatches to it. The root
-# package (the version, the process environment) is for everyone.
-LIBRARY = {"legion.configs", "legion.tasks", "legion.agents", "legion.api"}
+# package (the version, the process environment) is for everyone. The edge runtime
+# (legion.sim2real.deploy: numpy only, what a robot installs) imports none of them: its file formats
+# (the policy contract, the actuator network) are what training and the robot share, so the
+# simulator may read them there.
+LIBRARY = {"legion.configs", "legion.sim2real.deploy", "legion.tasks", "legion.agents", "legion.api"}
 MAY_IMPORT = {
     "legion.configs": set(),
-    "legion.tasks": {"legion.configs"},
+    "legion.sim2real.deploy": set(),
+    "legion.tasks": {"legion.configs", "legion.sim2real.deploy"},
     "legion.agents": {"legion.configs"},
     "legion.api": {"legion.configs", "legion.tasks", "legion.agents"},
     "legion.viewer": LIBRARY,

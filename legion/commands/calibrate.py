@@ -7,6 +7,7 @@ from legion.commands import UsageError, flag, number, run_args
 HELP = """usage: legion calibrate run=<run or exported folder> log=<folder of logs>
                         [params=kp_scale,coulomb_friction,latency_ms] [window_s=0.5] [evaluations=600]
                         [groups=NAME:REGEX,...] [hung=true] [bootstrap=8] [seed=0] [out=DIR]
+                        [actuator_network=false]
 
 Fits the motor and joint parameters of the export's robot.mjb (the model the policy trained on)
 to a robot's logs (`legion deploy ... log=DIR`; best an identification routine with the robot
@@ -33,6 +34,15 @@ task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calib
   bootstrap=8       refits for the spread (60 evaluations each; 0: none)
   evaluations=600   CMA-ES's budget (one evaluation replays every window once; ~10 per second on
                     a Go2 with 8 s of logs)
+  actuator_network=false
+                    true: also an actuator network per joint group (Hwangbo et al. 2019: an MLP
+                    from each joint's last 3 position errors and velocities, one control tick
+                    apart, to its torque; every joint of a group pooled), learned from the
+                    logged tau_est (logs without it are refused); writes actuator_network.npz
+                    (per group: actuator_network_<group>.npz), prints its held-out torque RMSE
+                    against the nominal and the fitted analytic motor, and task_calibrated.yaml
+                    drives the group's joints with it (task.scene.robot.actuators.<group>:
+                    {joints: REGEX, model: network, network: <file>})
 
 With hung=true a log whose base turns is refused (hung: legion bridge hung=true in simulation);
 with hung=false the logs must hold the base's state (a Unitree robot's sport-mode estimate).
@@ -51,7 +61,8 @@ def run(args: list[str]) -> None:
         return
     run, o, unknown = run_args(args, HELP, {"log": None, "params": "kp_scale,coulomb_friction,latency_ms",
                                             "window_s": "0.5", "evaluations": "600", "bootstrap": "8", "seed": "0",
-                                            "groups": "", "out": None, "hung": "true"})
+                                            "groups": "", "out": None, "hung": "true",
+                                            "actuator_network": "false"})
     if unknown:
         raise UsageError(f"unknown option(s) {' '.join(unknown)}\n\n{HELP}")
     if not o["log"]:
@@ -71,4 +82,5 @@ def run(args: list[str]) -> None:
               number("window_s", o["window_s"], float), number("evaluations", o["evaluations"]),
               number("bootstrap", o["bootstrap"]), seed=number("seed", o["seed"]), out_dir=o["out"],
               groups=groups or None, hung=flag("hung", o["hung"]),
+              actuator_network=flag("actuator_network", o["actuator_network"]),
               say=lambda line: print(line, flush=True), task=task)  # pyright: ignore[reportArgumentType]

@@ -11,14 +11,16 @@ joint's torque [N m], clipped to the joint's effort limit by whoever applies it.
 
 The file is a numpy ``.npz`` (read here without torch: the simulator evaluates it in torch for all
 worlds at once, :class:`~legion.tasks.sim.simulation.NewtonSim`; plain MuJoCo robots in numpy):
-``meta`` (JSON: ``format``, ``history``, ``stride_s``, ``activation``, and what it was learned
-from), ``input_mean``/``input_std`` (2 history,) normalizing the input, ``layers`` weights ``w<i>``
-(out, in) and biases ``b<i>``, and ``output_scale`` multiplying the last layer's output.
+``meta`` (JSON: ``format``, ``history``, ``stride_s``, ``activation``, ``output_scale``
+multiplying the last layer's output, the number of ``layers``, and ``info``: what it was learned
+from), ``input_mean``/``input_std`` (2 history,) normalizing the input, and per layer its weights
+``w<i>`` (out, in) and biases ``b<i>``.
 """
 
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,7 +97,7 @@ class ActuatorNetwork:
 
     def save(self, path: str | Path) -> Path:
         meta = {"format": FORMAT, "history": self.history, "stride_s": self.stride_s, "activation": self.activation,
-                "output_scale": self.output_scale, "layers": len(self.weights), **self.info}
+                "output_scale": self.output_scale, "layers": len(self.weights), "info": self.info}
         arrays = {f"w{i}": w for i, w in enumerate(self.weights)} | {f"b{i}": b for i, b in enumerate(self.biases)}
         with open(path, "wb") as f:  # a file object: numpy adds no ".npz" to the name asked for
             np.savez(f, meta=np.array(json.dumps(meta)), input_mean=self.input_mean, input_std=self.input_std,
@@ -120,13 +122,12 @@ def load(path: str | Path) -> ActuatorNetwork:
                 biases=[data[f"b{i}"].astype(np.float64) for i in range(layers)],
                 input_mean=data["input_mean"].astype(np.float64), input_std=data["input_std"].astype(np.float64),
                 output_scale=float(meta["output_scale"]), history=int(meta["history"]),
-                stride_s=float(meta["stride_s"]), activation=meta["activation"],
-                info={k: v for k, v in meta.items() if k not in
-                      ("format", "layers", "output_scale", "history", "stride_s", "activation")})
-    except (OSError, KeyError, ValueError, json.JSONDecodeError) as error:
+                stride_s=float(meta["stride_s"]), activation=meta["activation"], info=meta.get("info", {}))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as error:
         raise ValueError(f"actuator network {path}: not a readable {FORMAT} file ({error}); write it again with "
                          "`legion calibrate ... actuator_network=true`") from error
     if not all(np.isfinite(a).all() for a in (*network.weights, *network.biases, network.input_mean,
-                                               network.input_std)) or (network.input_std <= 0).any():
-        raise ValueError(f"actuator network {path}: non-finite weights or a non-positive input_std")
+                                               network.input_std, network.output_scale)) \
+            or (network.input_std <= 0).any():
+        raise ValueError(f"actuator network {path}: non-finite weights or scales, or a non-positive input_std")
     return network
