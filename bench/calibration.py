@@ -10,6 +10,10 @@ against calibrated, and the seconds the fit took.
         [--seconds 20] [--evaluations 900] [--bootstrap 4]
     python bench/calibration.py --run <Go2 run> --standing --params kp_scale added_mass_kg --amplitude 0.05 \
         --groups   # standing on the floor: the payload from the stance legs' torques
+    python bench/calibration.py --run <Go2 run> --actuator-network   # and an actuator network per group
+
+With ``--actuator-network`` a second table: per reality and joint group, the held-out torque RMSE
+of the actuator network learned from the same log against the nominal and the fitted PD motor.
 """
 
 import argparse
@@ -59,17 +63,20 @@ def main() -> None:
     parser.add_argument("--standing", action="store_true",
                         help="the robot standing on the floor, not hung (calibrate hung=false; e.g. --params "
                              "kp_scale added_mass_kg --amplitude 0.05)")
+    parser.add_argument("--actuator-network", action="store_true",
+                        help="also an actuator network per joint group (calibrate actuator_network=true)")
     args = parser.parse_args()
     exported = next(f for f in (Path(args.run), Path(args.run) / "exported") if (f / "robot.mjb").is_file())
     groups = dict(g.split(":", 1) for g in args.groups)
-    rows, reports = [], {}
+    rows, networks, reports = [], [], {}
     for name in args.realities:
         reality = load_reality(name)
         with tempfile.TemporaryDirectory() as folder:
             log = excitation_log(exported, reality, Excitation("chirp", args.amplitude, args.seconds), folder,
                                  hung=not args.standing)
             report = calibrate(log, exported, args.params, max_evaluations=args.evaluations, bootstrap=args.bootstrap,
-                               groups=groups or None, say=lambda line: None, hung=not args.standing)
+                               groups=groups or None, say=lambda line: None, hung=not args.standing,
+                               actuator_network=args.actuator_network)
         reports[name] = report
         rmse = report["held_out_rmse_rad"]
         for value, estimate in report["estimates"].items():
@@ -79,9 +86,17 @@ def main() -> None:
                          "pinned": report["profile"][value]["pinned"],
                          "held-out RMSE nominal -> calibrated": f"{rmse['nominal']:.4f} -> {rmse['calibrated']:.4f}",
                          "fit s": round(report["seconds"])})
+        for group, entry in report.get("actuator_network", {}).items():
+            torque = entry["held_out_torque_rmse_nm"]
+            networks.append({"reality": name, "group": group, "network N m": round(torque["network"], 4),
+                             "nominal motor N m": round(torque["nominal"], 4),
+                             "fitted motor N m": torque["fitted"] and round(torque["fitted"], 4)})
         print(f"[bench] {name}: {report['evaluations']} evaluations in {report['seconds']:.0f} s", flush=True)
     print_table(rows)
-    print(f"json: {write_json('calibration', rows, args=vars(args), reports=reports)}")
+    if networks:
+        print("\nHeld-out torque RMSE, actuator network against the PD motor:")
+        print_table(networks)
+    print(f"json: {write_json('calibration', rows, networks=networks, args=vars(args), reports=reports)}")
 
 
 if __name__ == "__main__":

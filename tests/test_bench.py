@@ -68,7 +68,7 @@ def test_the_benchmark_runs_its_smallest_configuration(name, tmp_path):
         (tmp_path / "run").mkdir()
         made = export_untrained_run(tmp_path / "run", *TINY_GO2)
         args = ["--run", str(made["out"]), "--realities", "go2_payload", "--params", "kp_scale", "latency_ms",
-                "--seconds", "3", "--evaluations", "12", "--bootstrap", "0"]
+                "--seconds", "4", "--evaluations", "12", "--bootstrap", "0", "--actuator-network"]
     environ = {**os.environ, "LEGION_BENCH_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), *args], cwd=tmp_path, env=environ,
                             capture_output=True, text=True, timeout=300)
