@@ -90,7 +90,9 @@ def main() -> None:
             torque = entry["held_out_torque_rmse_nm"]
             networks.append({"reality": name, "group": group, "network N m": round(torque["network"], 4),
                              "nominal motor N m": round(torque["nominal"], 4),
-                             "fitted motor N m": torque["fitted"] and round(torque["fitted"], 4)})
+                             "fitted motor N m": torque["fitted"] and round(torque["fitted"], 4),
+                             "held-out joint RMSE [rad]: nominal / fitted / network":
+                                 " / ".join(f"{rmse[k]:.4f}" for k in ("nominal", "calibrated", "actuator_network"))})
         print(f"[bench] {name}: {report['evaluations']} evaluations in {report['seconds']:.0f} s", flush=True)
     print_table(rows)
     if networks:

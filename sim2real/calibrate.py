@@ -183,11 +183,12 @@ class Fit:
             robot.hang()  # as the logged robot was
         return robot
 
-    def simulate(self, values: dict, windows: list[Window]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per window, the simulated joint positions and motor torques after each logged target: (T, J) each."""
+    def simulate(self, values: dict, windows: list[Window], robot=None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per window, the simulated joint positions and motor torques after each logged target: (T, J)
+        each; on the model of ``values``, or on ``robot`` (a MuJoCoRobot: its applied joint torques)."""
         import mujoco
 
-        robot, out = self.robot(values), []
+        robot, out = robot or self.robot(values), []
         for w in windows:
             robot.reset(joint_pos=w.joint_pos[0])
             robot.data.qvel[robot.qvel_ids] = w.joint_vel[0]
@@ -199,12 +200,13 @@ class Fit:
                 mujoco.mju_quat2Mat(turn, d.qpos[3:7])
                 d.qvel[0:3], d.qvel[3:6] = turn.reshape(3, 3) @ lin, ang
                 mujoco.mj_forward(robot.model, d)
-            robot.acting = (w.targets[0].astype(np.float64), *robot.acting[1:])  # sent before the window began
+            if hasattr(robot, "acting"):  # a reality's latency: the target sent before the window began
+                robot.acting = (w.targets[0].astype(np.float64), *robot.acting[1:])
             positions, torques = [], []
             for targets in w.targets:
                 robot.write_targets(targets)
                 positions.append(robot.data.qpos[robot.qpos_ids].copy())
-                torques.append(robot.tau.copy())
+                torques.append(getattr(robot, "tau", robot.data.qfrc_applied[robot.qvel_ids]).copy())
             out.append((np.array(positions), np.array(torques)))
         return out
 
@@ -329,6 +331,7 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
         learned = learn_actuator_networks(windows, meta, groups, best, seed, info={
             "log": str(Path(log).resolve()), "export": str(exported.resolve()), "groups": groups or {"all": ".*"}})
         report["actuator_network"] = {}
+        rmse["actuator_network"] = network_rmse(fit, learned, held_out)
         for label, actuator in learned.items():
             path = (out / ("actuator_network.npz" if groups is None else f"actuator_network_{label}.npz")).resolve()
             actuator.network.save(path)
@@ -485,7 +488,9 @@ def table(report: dict) -> str:
                     + ("" if p["pinned"] else "   NOT PINNED DOWN by these logs"))
     rmse = report["held_out_rmse_rad"]
     rows.append(f"held-out joint RMSE: nominal {rmse['nominal']:.4f} rad, calibrated {rmse['calibrated']:.4f} rad "
-                f"({rmse['calibrated'] / rmse['nominal']:.0%} of nominal)")
+                f"({rmse['calibrated'] / rmse['nominal']:.0%} of nominal)"
+                + (f"; with the actuator networks {rmse['actuator_network']:.4f} rad "
+                   f"({rmse['actuator_network'] / rmse['nominal']:.0%})" if "actuator_network" in rmse else ""))
     if rmse["calibrated"] >= rmse["nominal"]:
         rows.append("WARNING: the calibrated model does not beat the nominal one on the held-out windows: it fitted "
                     "noise or effects outside its parameters; do not use these estimates")
@@ -647,6 +652,28 @@ class LearnedActuator:
     module: torch.nn.Module  # the trained torch module: torques from (errors, velocities) tensors (..., history)
     joints: list[str]  # the group's joints, every one a sample
     rmse: dict  # held-out torque RMSE [N m]: network, nominal, fitted (None: no motor parameter fitted)
+
+
+def network_rmse(fit: Fit, learned: dict[str, LearnedActuator], windows: list[Window]) -> float:
+    """The joint-position RMSE [rad] over ``windows`` of the export's model with each group's joints
+    driven by its learned actuator network (the others by the nominal PD law), as :class:`Fit`
+    replays them: in plain MuJoCo, the network written into the policy contract as ``legion
+    export`` writes it (what sim2sim and the runtime's MuJoCo robot then step)."""
+    from legion.sim2real.deploy.contract import Actuator
+    from legion.sim2real.deploy.contract import ActuatorNetwork as Entry
+    from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
+
+    meta = copy.deepcopy(fit.metadata)
+    meta.actuator_networks = [Entry(**actuator.network.contract()) for actuator in learned.values()]
+    for index, actuator in enumerate(learned.values()):
+        for name in actuator.joints:
+            meta.actuators[meta.joint_names.index(name)] = Actuator("network", None, None, network=index)
+    robot = MuJoCoRobot(copy.copy(fit.model), meta)
+    if windows[0].base is None:
+        robot.hang()
+    simulated = fit.simulate({}, windows, robot)
+    return float(np.sqrt(np.mean([np.mean((positions - w.joint_pos[1:]) ** 2)
+                                  for w, (positions, _) in zip(windows, simulated)])))
 
 
 def _rmse(predicted: np.ndarray, logged: np.ndarray) -> float:
