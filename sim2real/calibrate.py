@@ -331,7 +331,7 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
         learned = learn_actuator_networks(windows, meta, groups, best, seed, info={
             "log": str(Path(log).resolve()), "export": str(exported.resolve()), "groups": groups or {"all": ".*"}})
         report["actuator_network"] = {}
-        rmse["actuator_network"] = network_rmse(fit, learned, held_out)
+        rmse["actuator_network"] = network_rmse(fit, learned, held_out, best)
         for label, actuator in learned.items():
             path = (out / ("actuator_network.npz" if groups is None else f"actuator_network_{label}.npz")).resolve()
             actuator.network.save(path)
@@ -654,24 +654,17 @@ class LearnedActuator:
     rmse: dict  # held-out torque RMSE [N m]: network, nominal, fitted (None: no motor parameter fitted)
 
 
-def network_rmse(fit: Fit, learned: dict[str, LearnedActuator], windows: list[Window]) -> float:
-    """The joint-position RMSE [rad] over ``windows`` of the export's model with each group's joints
-    driven by its learned actuator network (the others by the nominal PD law), as :class:`Fit`
-    replays them: in plain MuJoCo, the network written into the policy contract as ``legion
-    export`` writes it (what sim2sim and the runtime's MuJoCo robot then step)."""
-    from legion.sim2real.deploy.contract import Actuator
-    from legion.sim2real.deploy.contract import ActuatorNetwork as Entry
-    from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
-
-    meta = copy.deepcopy(fit.metadata)
-    meta.actuator_networks = [Entry(**actuator.network.contract()) for actuator in learned.values()]
-    for index, actuator in enumerate(learned.values()):
-        for name in actuator.joints:
-            meta.actuators[meta.joint_names.index(name)] = Actuator("network", None, None, network=index)
-    robot = MuJoCoRobot(copy.copy(fit.model), meta)
-    if windows[0].base is None:
-        robot.hang()
-    simulated = fit.simulate({}, windows, robot)
+def network_rmse(fit: Fit, learned: dict[str, LearnedActuator], windows: list[Window], values: dict) -> float:
+    """The joint-position RMSE [rad] over ``windows`` of the calibrated model (``values``: its latency,
+    its joints' friction and armature, its payload) with each group's joints driven by its learned
+    actuator network in place of the PD law, as :class:`Fit` replays them. The network stands for
+    the motor, whose torque tau_est reports, on the targets after the latency; the joint's friction
+    acts after it."""
+    robot = fit.robot(values)
+    names = fit.metadata.joint_names
+    robot.use_networks([(np.array([names.index(n) for n in actuator.joints]), actuator.network)
+                        for actuator in learned.values()])
+    simulated = fit.simulate(values, windows, robot)
     return float(np.sqrt(np.mean([np.mean((positions - w.joint_pos[1:]) ** 2)
                                   for w, (positions, _) in zip(windows, simulated)])))
 

@@ -158,6 +158,7 @@ class RealityRobot(MuJoCoRobot):
     def __init__(self, source, metadata: PolicyContract, reality: Reality, options: dict | None = None,
                  tick_s: float | None = None):
         super().__init__(source, metadata, options=options)
+        self.use_networks([])  # its motors are its drivers below, not an export's actuator networks
         self.reality, model = reality, self.model
         if not self.explicit_pd:  # the drivers are simulated here: the model's position actuators go slack
             ids = self.actuator_ids
@@ -249,6 +250,7 @@ class RealityRobot(MuJoCoRobot):
             error = np.sign(error) * np.maximum(np.abs(error) - 0.5 * self.backlash, 0.0)
             self.tau = pd_torque(q + error, q, dq, p * self.kp_scale, v * self.kd_scale, *self.motor_limits,
                                  dq_target=dq_star, tau_ff=ff)
+            self.network_torques(q_star, q, dq, self.tau, self.motor_limits[0], ff)  # (a calibration's)
             d.qfrc_applied[self.qvel_ids] = self.tau
             self.mj_step()
 

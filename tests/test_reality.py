@@ -358,9 +358,9 @@ def test_the_actuator_network_reproduces_a_nonlinear_motors_torque_on_held_out_d
     Measured on three logs (reality and calibrate seeds 0, 1, 2): network 0.047, 0.048, 0.046 N m;
     nominal 0.324, 0.322, 0.323; fitted 0.373, 0.270, 0.252 (40 evaluations; with 300: 0.264,
     0.262, 0.263, near the best PD law fitted to the torques by least squares, 0.256): ratios
-    0.13-0.19. Replayed in plain MuJoCo with the network driving every joint (as sim2sim would), the
-    held-out joint RMSE is 0.71-0.78 of the nominal model's (seeds 0-3; the fitted analytic motor's:
-    0.41-0.48): bound 0.9. It writes actuator_network.npz (its file reloads with what it was learned
+    0.13-0.19. Replayed with the network driving every joint on the fitted latency, the held-out joint
+    RMSE is 0.23-0.45 of the nominal model's (seeds 0-3: 0.44, 0.45, 0.39, 0.23; the fitted analytic
+    motor's 0.41-0.48): bound 0.6. It writes actuator_network.npz (its file reloads with what it was learned
     from), the comparison into calibration.json and the printed table, and task_calibrated.yaml
     drives every joint with it."""
     from legion.sim2real.deploy.actuator_network import load
@@ -375,7 +375,7 @@ def test_the_actuator_network_reproduces_a_nonlinear_motors_torque_on_held_out_d
     rmse = entry["held_out_torque_rmse_nm"]
     assert rmse["network"] < rmse["nominal"] / 3 and rmse["network"] < rmse["fitted"] / 3
     joints = json.loads((logs / "calibration.json").read_text())["held_out_rmse_rad"]
-    assert joints["actuator_network"] < 0.9 * joints["nominal"]
+    assert joints["actuator_network"] < 0.6 * joints["nominal"]
     assert set(rmse["fitted_with"]) == {"kp_scale", "kd_scale", "latency_ms"}
     assert f"actuator network all (12 joints): held-out torque RMSE network {rmse['network']:.4f} N m" in out
     assert "WARNING" not in out

@@ -164,19 +164,15 @@ class MuJoCoRobot:
             model.actuator_gainprm[self.actuator_ids, 0] = kp[driven]
             model.actuator_biasprm[self.actuator_ids, 1] = -kp[driven]
             model.actuator_biasprm[self.actuator_ids, 2] = -kd[driven]
-        # Actuator networks (model: network) in place of the PD law on their joints: per network its
-        # joints (policy order), and their errors and velocities over the physics steps it looks back
-        self.networks = []
+        # Actuator networks (model: network) in place of the PD law on their joints (use_networks)
+        networks = []
         for index, entry in enumerate(metadata.actuator_networks):
             joints = np.array([j for j, a in enumerate(metadata.actuators) if a.network == index])
             if not self.explicit_pd:
                 raise ValueError(f"{where}: joints {[names[j] for j in joints]} are driven by an actuator network "
                                  "and the model by position actuators: use the export's robot.mjb")
-            network = ActuatorNetwork.from_contract(entry)
-            stride = network.steps(metadata.physics_dt)
-            self.networks.append((joints, network, stride, np.zeros((2, stride * (network.history - 1) + 1,
-                                                                     len(joints)))))
-        self._networks_fresh = True
+            networks.append((joints, ActuatorNetwork.from_contract(entry)))
+        self.use_networks(networks)
         channels: dict[str, set[str]] = {}  # per camera, what the policy's image terms read of it
         for image in metadata.observation.images:
             for term in image.terms:
@@ -313,19 +309,35 @@ class MuJoCoRobot:
             q, dq = d.qpos[self.qpos_ids], d.qvel[self.qvel_ids]
             tau = pd_torque(self.targets, q, dq, p if kp is None else kp, v if kd is None else kd, effort, saturation,
                             v_limit, dq_target, tau_ff)
-            for joints, network, stride, history in self.networks:  # as training's NewtonSim._network_step
-                now = np.stack([self.targets[joints] - q[joints], dq[joints]])[:, None]
-                history[:] = now if self._networks_fresh else np.concatenate([now, history[:, :-1]], axis=1)
-                torque = network(*history[:, ::stride].transpose(0, 2, 1))
-                feedforward = np.broadcast_to(tau_ff, q.shape)[joints]
-                tau[joints] = np.clip(torque, -effort[joints], effort[joints]) + feedforward
-            self._networks_fresh = False
+            self.network_torques(self.targets, q, dq, tau, effort, tau_ff)
             d.qfrc_applied[self.qvel_ids] = tau
         else:
             if kp is not None or kd is not None:
                 raise ValueError("gains per step need a model driven by explicit PD (no position actuators)")
             d.ctrl[self.actuator_ids] = self.targets[self.driven]
         self.mj_step()
+
+    def use_networks(self, networks: list[tuple[np.ndarray, ActuatorNetwork]]) -> None:
+        """From the next physics step on, each actuator network drives its joints (policy indices) in
+        place of the PD law (the contract's networks from the start), its history at this model's
+        physics rate."""
+        step = self.model.opt.timestep
+        self.networks = [(joints, network, network.steps(step),
+                          np.zeros((2, network.steps(step) * (network.history - 1) + 1, len(joints))))
+                         for joints, network in networks]
+        self._networks_fresh = True
+
+    def network_torques(self, targets, q, dq, tau: np.ndarray, effort, tau_ff: ArrayLike = 0.0) -> None:
+        """Before a physics step: each network's joints' entries of ``tau`` become its torque, from the
+        errors ``targets - q`` and velocities of now and its history (as training's
+        ``NewtonSim._network_step``), clipped to ``effort``, plus ``tau_ff``."""
+        for joints, network, stride, history in self.networks:
+            now = np.stack([targets[joints] - q[joints], dq[joints]])[:, None]
+            history[:] = now if self._networks_fresh else np.concatenate([now, history[:, :-1]], axis=1)
+            torque = network(*history[:, ::stride].transpose(0, 2, 1))
+            feedforward = np.broadcast_to(tau_ff, np.shape(q))[joints]
+            tau[joints] = np.clip(torque, -effort[joints], effort[joints]) + feedforward
+        self._networks_fresh = False
 
     def hang(self, clearance: float = 0.3) -> None:
         """Holds the floating base still and level ``clearance`` [m] above its standing height (its
