@@ -9,6 +9,7 @@ turns of ``--chunk`` control steps (a busy machine slows them alike), and the ne
 DC motors' time per step.
 
     python bench/actuator_network.py [--num-envs 256 1024] [--steps 40] [--backends c warp]
+    python bench/actuator_network.py --device cuda:0 --backends warp --num-envs 4096 16384
 """
 
 import argparse
@@ -32,14 +33,14 @@ def hwangbo_network(path: Path) -> str:
     return str(path)
 
 
-def measure(backend: str, num_envs: int, steps: int, chunk: int, network: str) -> dict:
+def measure(backend: str, num_envs: int, steps: int, chunk: int, network: str, device: str = "cpu") -> dict:
     drives = {"dc_motor": (), "network": [f"{plus}task.scene.robot.actuators.{group}.{key}"
                                           for group in ("hip_thigh", "knee")
                                           for plus, key in (("", "model=network"), ("+", f"network={network}"))]}
-    envs = {name: make_env(compose("task=quadruped_flat", "robot=go2", f"sim.num_envs={num_envs}", "device=cpu",
+    envs = {name: make_env(compose("task=quadruped_flat", "robot=go2", f"sim.num_envs={num_envs}", f"device={device}",
                                    f"sim.backend={backend}", *overrides)) for name, overrides in drives.items()}
     seconds = {name: 0.0 for name in envs}
-    actions = 0.5 * torch.randn(chunk, num_envs, 12, generator=torch.Generator().manual_seed(0))
+    actions = 0.5 * torch.randn(chunk, num_envs, 12, generator=torch.Generator().manual_seed(0)).to(device)
     with torch.inference_mode():
         for env in envs.values():  # warm-up: first calls load kernels and fill caches
             env.step(actions[0])
@@ -48,9 +49,12 @@ def measure(backend: str, num_envs: int, steps: int, chunk: int, network: str) -
                 t = time.perf_counter()
                 for action in actions:
                     env.step(action)
+                if device != "cpu":
+                    torch.cuda.synchronize()
                 seconds[name] += time.perf_counter() - t
     done = max(1, steps // chunk) * chunk * num_envs
-    return {"backend": backend, "num_envs": num_envs, "dc_motor env-steps/s": round(done / seconds["dc_motor"]),
+    return {"device": device, "backend": backend, "num_envs": num_envs,
+            "dc_motor env-steps/s": round(done / seconds["dc_motor"]),
             "network env-steps/s": round(done / seconds["network"]),
             "network / dc_motor time": round(seconds["network"] / seconds["dc_motor"], 2)}
 
@@ -60,14 +64,16 @@ def main():
     parser.add_argument("--num-envs", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--steps", type=int, default=40, help="control steps per measurement")
     parser.add_argument("--chunk", type=int, default=10, help="control steps per turn")
-    parser.add_argument("--backends", nargs="+", default=["c", "warp"], choices=["c", "warp"])
+    parser.add_argument("--backends", nargs="+", default=["c", "warp"], choices=["c", "warp"],
+                        help="on CUDA: warp only")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda:N (the control step captured there)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         network = hwangbo_network(Path(folder) / "network.npz")
         for backend in args.backends:
             for n in args.num_envs:
-                rows.append(measure(backend, n, args.steps, args.chunk, network))
+                rows.append(measure(backend, n, args.steps, args.chunk, network, args.device))
                 print(rows[-1], flush=True)
     print_table(rows)
     print(f"wrote {write_json('actuator_network', rows, steps=args.steps, command='python bench/actuator_network.py')}")

@@ -46,6 +46,8 @@ check command_latency 300 bash -c "legion train task=quadruped_flat robot=go2 de
     agent.stop_when.goal=false run_name=_plain && legion train task=quadruped_flat robot=go2 device=cuda:0 \
     agent.max_iterations=20 agent.stop_when.goal=false run_name=_latency \
     '+task.events.latency={func: command_latency, mode: reset, range: [0, 15]}'" &
+# 18. Actuator networks inside the captured step: env-steps/s against the DC motors'.
+check actuator_network 300 python bench/actuator_network.py --device cuda:0 --backends warp --num-envs 4096 16384 &
 wait
 # 16b. The CPU renderers on the host's cores (mj_multiRay on every core against SensorCamera on one).
 check camera_renderers 300 python bench/cameras.py --renderers --num-envs 256 1024 --sizes 64 128 --steps 20
