@@ -51,10 +51,12 @@ if TYPE_CHECKING:
 # name -> prior range; the joints' apply to every policy joint alike (or per joint group)
 PARAMETERS = {"kp_scale": (0.5, 1.5), "kd_scale": (0.3, 3.0), "coulomb_friction": (0.0, 1.0),
               "viscous_friction": (0.0, 0.5), "armature": (0.0, 0.1), "latency_ms": (0.0, 30.0),
-              "added_mass_kg": (-3.0, 10.0), "com_x_m": (-0.08, 0.08), "com_y_m": (-0.08, 0.08)}
+              "added_mass_kg": (-3.0, 10.0), "com_x_m": (-0.08, 0.08), "com_y_m": (-0.08, 0.08),
+              "foot_friction": (0.1, 1.5)}
 NOMINAL = {"kp_scale": 1.0, "kd_scale": 1.0, "coulomb_friction": 0.0, "viscous_friction": 0.0, "armature": None,
-           "latency_ms": 0.0, "added_mass_kg": 0.0, "com_x_m": 0.0, "com_y_m": 0.0}
-WHOLE_ROBOT = ("latency_ms", "added_mass_kg", "com_x_m", "com_y_m")  # one value for the robot, not per joint group
+           "latency_ms": 0.0, "added_mass_kg": 0.0, "com_x_m": 0.0, "com_y_m": 0.0, "foot_friction": None}
+# one value for the robot, not per joint group (foot friction: every contact with the ground)
+WHOLE_ROBOT = ("latency_ms", "added_mass_kg", "com_x_m", "com_y_m", "foot_friction")
 FLAT_RISE = 0.05  # relative loss rise below which a parameter is not pinned down
 HUNG_ANG_VEL = 0.5  # [rad/s] a logged base turning faster was not hung
 
@@ -178,6 +180,7 @@ class Fit:
         reality = Reality(name="candidate", latency_ms=Latency(values.get("latency_ms") or 0.0), joints=joints,
                           base=Base(added_mass_kg=values.get("added_mass_kg") or 0.0,
                                     com_offset_m=[values.get("com_x_m") or 0.0, values.get("com_y_m") or 0.0, 0.0]))
+        reality.foot_friction = values.get("foot_friction")  # (None: the model's)
         robot = RealityRobot(copy.copy(self.model), self.metadata, reality)
         if self.windows[0].base is None:
             robot.hang()  # as the logged robot was
@@ -241,21 +244,24 @@ def joint_groups(values: dict, groups: dict[str, str] | None) -> dict[str, dict]
 
 
 def _search(fit: Fit, start: np.ndarray, sigma: float, budget: int, seed: int, say=None) -> tuple[np.ndarray, float]:
-    """CMA-ES from ``start`` ([0, 1] coordinates) within ``budget`` evaluations: the best point and its loss."""
+    """CMA-ES from ``start`` ([0, 1] coordinates) within ``budget`` evaluations: the best point and its
+    loss. One parameter alone is searched with a second coordinate the loss ignores (pycma's
+    bounded search does not run in one dimension)."""
     import cma
 
-    es = cma.CMAEvolutionStrategy(start, sigma, {"bounds": [0, 1], "seed": seed + 1, "verbose": -9,
-                                               "maxfevals": budget})
+    dims = len(start)
+    es = cma.CMAEvolutionStrategy(np.append(start, 0.5) if dims == 1 else start, sigma,
+                                  {"bounds": [0, 1], "seed": seed + 1, "verbose": -9, "maxfevals": budget})
     first, t0 = fit.evaluations, time.perf_counter()
     while not es.stop():
         candidates = es.ask()
-        es.tell(candidates, [fit.loss(fit.values(np.asarray(x))) for x in candidates])
+        es.tell(candidates, [fit.loss(fit.values(np.asarray(x)[:dims])) for x in candidates])
         if say is not None:
             done = fit.evaluations - first
             rate = done / (time.perf_counter() - t0)
             say(f"[calibrate] {done}/{budget} evaluations | loss {es.result.fbest:.4g} | {rate:.1f} evaluations/s | "
                 f"ETA {max(0, budget - done) / rate:.0f} s")
-    return np.asarray(es.result.xbest), float(es.result.fbest)
+    return np.asarray(es.result.xbest)[:dims], float(es.result.fbest)
 
 
 def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s: float = 0.5,
@@ -273,6 +279,11 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
 
     exported = Path(exported)
     meta = PolicyContract.load(exported / "policy.json")
+    names = fitted(params, groups)  # (an unknown parameter is refused before anything runs)
+    on_the_ground = [p for p in ("added_mass_kg", "com_x_m", "com_y_m", "foot_friction") if p in params]
+    if hung and on_the_ground:
+        raise ValueError(f"params={','.join(on_the_ground)}: a hung robot's legs carry no weight and its feet touch "
+                         "nothing; fit them from logs of it standing or walking (hung=false)")
     windows = load_windows(log, meta.joint_names, meta.control_dt, window_s, hung)
     if actuator_network and any(w.joint_torque is None for w in windows):
         raise ValueError(f"actuator_network=true: the logs in {log} hold no joint_torque, the motors' tau_est (a "
@@ -280,7 +291,6 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
                          "the torque from it")
     if actuator_network:
         network_split(windows)  # (too few windows: refused before the fit)
-    names = fitted(params, groups)  # (an unknown parameter is refused before anything runs)
     held_out = windows[3::4]
     fitting = [w for i, w in enumerate(windows) if i % 4 != 3]
     fit = Fit(exported / "robot.mjb", meta, fitting, names, groups)
@@ -345,6 +355,8 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
     if any(name in best for name in ("added_mass_kg", "com_x_m", "com_y_m")):
         lines.append(f"base: {{added_mass_kg: {best.get('added_mass_kg', 0.0):.5g}, com_offset_m: "
                      f"[{best.get('com_x_m', 0.0):.5g}, {best.get('com_y_m', 0.0):.5g}, 0.0]}}")
+    if "foot_friction" in best:
+        lines.append(f"foot_friction: {best['foot_friction']:.5g}")
     joints = {pattern: joint for pattern, joint in joint_groups(best, groups).items() if joint}
     if joints:
         lines.append("joints:")
@@ -388,7 +400,8 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
     damping scale as kd_scale + b / kd where a group's joints share one kd. Latency: the event
     ``command_latency`` (physics steps) over its range, in place of the task's ``action_delay``.
     A payload: the event ``added_mass`` on the base, and ``com_offset`` per axis, in place of the
-    task's own."""
+    task's own. Foot friction: the event ``friction`` on every body of the robot (its value is the
+    one in effect against the ground), in place of the task's own."""
     import re
 
     estimates, task = report["estimates"], task or {}
@@ -430,6 +443,11 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
             low, high = estimate_range(report, f"com_{axis}_m")
             lines.append(f"    calibrated_com_{axis}: {{func: com_offset, mode: startup, range: [{low:.4g}, "
                          f"{high:.4g}], params: {{bodies: '${{task.scene.robot.bodies.base}}', axes: {axis}}}}}   # m")
+    if "foot_friction" in estimates:  # the robot's shapes' friction, the one in effect against the ground
+        funcs.add("friction")
+        low, high = estimate_range(report, "foot_friction")
+        lines.append(f"    calibrated_friction: {{func: friction, mode: startup, range: [{low:.4g}, {high:.4g}], "
+                     "params: {bodies: '.*'}}")
     for name, event in task.get("events", {}).items():
         if (event.get("func") or name) in funcs and event.get("enabled", True):
             lines.append(f"    {name}: {{enabled: false}}   # the calibrated draw above replaces it")

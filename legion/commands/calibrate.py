@@ -25,7 +25,9 @@ task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calib
   params=           which to fit: kp_scale, kd_scale (the drivers' effective gains), coulomb_friction
                     [N m], viscous_friction [N m s/rad], armature [kg m^2] (every joint alike, or
                     per group), latency_ms, added_mass_kg, com_x_m, com_y_m (a payload on the base
-                    and its centre of mass: logs of the robot standing or walking, hung=false)
+                    and its centre of mass), foot_friction (of every contact with the ground: where
+                    the feet slip); the last four from logs of the robot standing or walking,
+                    hung=false
   hung=true         the logs are of the robot hung (its base held still); false: standing or
                     walking, each window started from the logged base pose and velocity
   groups=           joint groups fitted apart, e.g. calf:.*_calf_joint,upper:.*_(hip|thigh)_joint
