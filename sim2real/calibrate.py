@@ -694,10 +694,7 @@ def _rmse(predicted: np.ndarray, logged: np.ndarray) -> float:
 def network_split(windows: list[Window]) -> tuple[list[Window], list[Window], list[Window]]:
     """An actuator network's windows: to train on, to stop its training (every fifth of those
     :func:`calibrate` fits to) and held out (every fourth, as :func:`calibrate` holds them out);
-    ValueError where they hold no joint_torque or are too few."""
-    if any(w.joint_torque is None for w in windows):
-        raise ValueError("an actuator network learns from the motors' torques, and these logs hold no joint_torque "
-                         "(tau_est, which a Unitree robot reports)")
+    ValueError where they are too few (:func:`motor_samples` refuses a window without joint_torque)."""
     held_out = windows[3::4]
     fitting = [w for i, w in enumerate(windows) if i % 4 != 3]
     training, validation = [w for i, w in enumerate(fitting) if i % 5 != 4], fitting[4::5]
