@@ -34,7 +34,7 @@ from rsl_rl.modules.distribution import Distribution
 from rsl_rl.utils.utils import reduce_gradients_in_buckets
 from tensordict import TensorDict
 
-from legion.agents.ppo import Stopped, clone_tree, obs_groups_for
+from legion.agents.ppo import BFloat16Linear, Stopped, clone_tree, obs_groups_for, update_precision
 from legion.agents.replay import Batch, ReplayBuffer, Sequences
 from legion.agents.runner import Runner
 from legion.configs.schema import Agent
@@ -109,6 +109,16 @@ class _Squash(torch.nn.Module):
         return self.bound * torch.tanh(x[..., :self.dim])
 
 
+class _Float32Linear(torch.nn.Linear):
+    """A network's output layer, in fp32 even under the update's bfloat16 autocast."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not torch.is_autocast_enabled(input.device.type):
+            return super().forward(input)
+        with torch.autocast(input.device.type, enabled=False):
+            return super().forward(input.float())
+
+
 class Critics(torch.nn.Module):
     """Two Q-functions of (critic observation, action) on one normalizer, each an MLP with one output,
     or ``num_atoms`` logits of a return distribution (distributional). ``heads`` lets the target
@@ -171,6 +181,15 @@ class OffPolicyLearner:
         self.distribution: SquashedGaussian = self.actor.distribution  # pyright: ignore[reportAttributeAccessIssue]
         outputs = off.num_atoms if off.distributional else 1
         self.critic = Critics(obs, num_actions, cfg, outputs).to(device)
+        # agent.precision (auto: bf16 on a CPU with AMX): the update's products in bfloat16, each
+        # network's output layer in fp32 (a Q-value rounded to 8 bits would lose a step's reward)
+        self.bfloat16 = update_precision(cfg, device) == "bf16"
+        if self.bfloat16:
+            for mlp in (self.actor.mlp, *self.critic.heads):
+                linears = [m for m in mlp.modules() if isinstance(m, torch.nn.Linear)]
+                for layer in linears[:-1]:
+                    layer.__class__ = BFloat16Linear
+                linears[-1].__class__ = _Float32Linear
         self.target_heads = copy.deepcopy(self.critic.heads).requires_grad_(False)
         # TD3's target actor: a copy of the MLP (a recurrent one's reads the online actor's memory)
         self.target_actor = None if sac else copy.deepcopy(self.actor.mlp).requires_grad_(False)
@@ -262,6 +281,10 @@ class OffPolicyLearner:
         and the temperature's); the targets follow by Polyak averaging. Returns the losses (device
         tensors, unread). First the observation normalizers learn from the steps the buffer
         gained since the last update (so they are the learner's alone, whichever thread acts)."""
+        with torch.autocast(torch.device(self.device).type, torch.bfloat16, enabled=self.bfloat16):
+            return self._gradient_step(buffer)
+
+    def _gradient_step(self, buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
         if buffer.steps > self.normalized:
             recent = buffer.recent(buffer.steps - self.normalized)
             self.actor.update_normalization(recent)

@@ -1,6 +1,7 @@
-"""PPO's update on a CPU: samples/s at each thread count, in each precision of the update's products
-(``agent.precision``), under each of MKL's numerical modes and torch's CPU dispatches, and whether
-the weights come out the same on every thread count.
+"""The learner's update on a CPU (PPO's, or SAC's/TD3's with ``agent=sac|td3``): samples/s at each
+thread count, in each precision of the update's products (``agent.precision``), under each of MKL's
+numerical modes and torch's CPU dispatches, and whether the weights come out the same on every
+thread count.
 
 legion-rl sets ``MKL_CBWR=AUTO,STRICT`` (MKL's conditional numerical reproducibility, strict: a
 matrix product's result does not depend on the thread count) so that an update on every core
@@ -20,6 +21,7 @@ first thread count, bit for bit.
     python bench/update.py [--task quadruped_flat] [--num-envs 1024] [--threads 1 2] [--repeats 5]
     python bench/update.py --modes OFF AUTO,STRICT --dispatches default avx2 avx512
     python bench/update.py --precisions fp32 bf16 --modes AUTO,STRICT --threads 1 2 4 8
+    python bench/update.py --threads 1 2 agent=td3   # an iteration's gradient steps (batch x updates)
 """
 
 import argparse
@@ -41,24 +43,36 @@ def worker(task: str, num_envs: int, threads: list[int], repeats: int, overrides
     cfg = compose(f"task={task}", f"sim.num_envs={num_envs}", "agent.mode=sync", *overrides)
     torch.manual_seed(cfg.seed)
     runner = make_runner(make_env(cfg), cfg.agent)
-    runner.learn(1)  # a rollout, its returns, and a first update
-    ppo, start, rng = runner.ppo, clone_tree(policy_state(runner.ppo)), torch.get_rng_state()
+    off_policy = cfg.agent.learner != "ppo"
+    if off_policy:  # an iteration's gradient steps on the buffer one iteration filled
+        learner, off = runner.learner, cfg.agent.off_policy
+        steps = cfg.agent.num_steps_per_env * off.update_to_data
+        runner.learn(1)
+        state, update = learner.state_dict, lambda: [learner.update(runner.buffer) for _ in range(steps)]
+        load, modules = learner.load_state_dict, (learner.actor, learner.critic)
+        samples, epochs = steps * off.batch_size, 1
+    else:  # a rollout, its returns, and a first update
+        ppo = runner.ppo
+        runner.learn(1)
+        state, update = (lambda: policy_state(ppo)), ppo.update
+        load, modules = (lambda s: load_policy_state(ppo, s)), (ppo.actor, ppo.critic)
+        samples = cfg.agent.num_steps_per_env * num_envs  # a rollout, as the progress line counts
+        epochs = cfg.agent.algorithm.num_learning_epochs
+    start, rng = clone_tree(state()), torch.get_rng_state()
     seconds, weights = {}, {}
     for count in threads:
         torch.set_num_threads(count)
         times = []
         for _ in range(repeats):
-            load_policy_state(ppo, clone_tree(start))
+            load(clone_tree(start))
             torch.set_rng_state(rng)  # the same mini-batches
             t0 = time.perf_counter()
-            ppo.update()
+            update()
             times.append(time.perf_counter() - t0)
         seconds[count] = statistics.median(times)
-        weights[count] = [t.clone() for m in (ppo.actor, ppo.critic) for t in m.state_dict().values()]
+        weights[count] = [t.clone() for m in modules for t in m.state_dict().values()]
     first = weights[threads[0]]
-    return {"capability": torch.backends.cpu.get_cpu_capability(),
-            "samples": cfg.agent.num_steps_per_env * num_envs,  # a rollout, as the progress line counts
-            "epochs": cfg.agent.algorithm.num_learning_epochs,
+    return {"capability": torch.backends.cpu.get_cpu_capability(), "samples": samples, "epochs": epochs,
             "seconds": seconds,
             "same": {c: all(torch.equal(a, b) for a, b in zip(first, weights[c])) for c in threads}}
 

@@ -261,6 +261,40 @@ def test_a_distributional_prioritized_sac_trains_without_non_finite_numbers():
     assert float(runner.buffer.priorities[:runner.buffer.size].std()) > 0  # the TD errors set them
 
 
+@pytest.mark.parametrize("learner", ["sac", "td3"])
+def test_a_bf16_gradient_step_moves_the_weights_as_fp32_does_with_fp32_outputs(learner):
+    """agent.precision=bf16: from the same state (weights, optimizers, buffer, random generator), the
+    weights' change over a few gradient steps agrees with fp32's within bfloat16's rounding; the
+    critics' values and the actor's actions come out fp32 (the output layers stay fp32), and the
+    checkpoint's weights are fp32."""
+    from legion.agents.ppo import clone_tree
+
+    runner = make_runner(*SMALL, f"agent={learner}", "agent.precision=bf16", "agent.off_policy.batch_size=512")
+    runner.learn(2)
+    learner_, buffer = runner.learner, runner.buffer
+    assert learner_.bfloat16
+    start, rng = clone_tree(learner_.state_dict()), torch.get_rng_state()
+    steps = {}
+    for bfloat16 in (False, True):
+        learner_.load_state_dict(clone_tree(start))
+        torch.set_rng_state(rng)
+        learner_.bfloat16 = bfloat16
+        for _ in range(4):
+            learner_.update(buffer)
+        steps[bfloat16] = torch.cat([(p - start["critic_state_dict"][k]).flatten()
+                                     for k, p in learner_.critic.state_dict().items() if k.startswith("heads")])
+    assert steps[False].norm() > 0
+    assert (steps[True] - steps[False]).norm() < 0.1 * steps[False].norm()
+    batch = buffer.sample(64)
+    with torch.autocast("cpu", torch.bfloat16):
+        actions, _ = learner_._policy(learner_._inputs(batch.obs))
+        q = learner_.critic(batch.obs, actions)
+    assert actions.dtype == q.dtype == torch.float32
+    state = learner_.state_dict()
+    assert all(t.dtype == torch.float32 for key in ("actor_state_dict", "critic_state_dict")
+               for t in state[key].values() if t.is_floating_point())
+
+
 @pytest.mark.parametrize("actor", ["mlp", "lstm"])
 def test_off_policy_checkpoints_resume_bit_for_bit(tmp_path, actor):
     """TD3 with the buffer in its checkpoints: 2 iterations, a checkpoint, a new process's runner

@@ -106,7 +106,7 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
         if cfg.agent.learner != "ppo":
             off = cfg.agent.off_policy
             learner = (f"{cfg.agent.learner.upper()} (replay {off.buffer_size} steps per env, batch {off.batch_size}, "
-                       f"{off.update_to_data} updates per step)")
+                       f"{off.update_to_data} updates per step, in {update_precision(cfg.agent, cfg.device)})")
         elif cfg.agent.mode in ("sync", "async"):
             learner = f"{cfg.agent.mode} PPO (update in {update_precision(cfg.agent, cfg.device)})"
         iterations = "until stopped" if cfg.agent.max_iterations is None else f"{cfg.agent.max_iterations} iterations"
