@@ -373,21 +373,26 @@ def _bfloat16_linears(model: torch.nn.Module) -> None:
 def update_precision(cfg: Agent, device: str) -> str:
     """``agent.precision`` resolved for ``device``: "bf16" or "fp32".
 
-    auto: bf16 on a CPU with AMX, whose bfloat16 tile products make PPO's update about 2x faster
-    (``bench/update.py``); fp32 elsewhere: on a CPU without AMX bfloat16 products are no faster
-    (AVX512-BF16) or several times slower (AVX2, AVX-512 without BF16), and on a GPU these
-    networks are too small for it to pay. Recurrent networks stay fp32 (their products are not
-    :class:`BFloat16Linear`'s)."""
+    auto: bf16 on a CPU with bfloat16 products in hardware, AMX tiles (Intel Xeon 4th gen and later)
+    or AVX512-BF16 (AMD Zen 4 and later, Intel Cooper Lake): PPO's update 1.5-2.2x faster there,
+    TD3's 1.6x (``bench/update.py``); fp32 elsewhere: on a CPU without them (AVX2, AVX-512 alone)
+    bfloat16 products are several times slower, and on a GPU these networks are too small for it
+    to pay. Recurrent networks stay fp32 (their products are not :class:`BFloat16Linear`'s)."""
     recurrent = cfg.actor.rnn.type is not None or cfg.critic.rnn.type is not None
     if cfg.precision == "auto":
-        amx = torch.device(device).type == "cpu" and getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-        return "bf16" if amx and not recurrent else "fp32"
+        return "bf16" if torch.device(device).type == "cpu" and cpu_has_bfloat16() and not recurrent else "fp32"
     if cfg.precision not in ("bf16", "fp32"):
         raise ValueError(f"agent.precision={cfg.precision!r}: expected auto, bf16 or fp32")
     if cfg.precision == "bf16" and recurrent:
         raise ValueError("agent.precision=bf16 needs a feed-forward actor and critic (agent.actor.rnn.type and "
                          "agent.critic.rnn.type null); use agent.precision=fp32 or auto with a recurrent network")
     return cfg.precision
+
+
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AMX tiles or AVX512-BF16)."""
+    return any(getattr(torch.cpu, name, lambda: False)() for name in ("_is_amx_tile_supported",
+                                                                      "_is_avx512_bf16_supported"))
 
 
 def load_actor(obs: TensorDict, num_actions: int, cfg: Agent, policy: dict, device: str) -> MLPModel:

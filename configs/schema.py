@@ -547,7 +547,8 @@ class Agent:
     update_threads: int = 0
     # The update's matrix products: fp32 | bf16 (bfloat16 products, fp32 weights, optimizer and
     # losses; independent of the thread count) | auto: bf16 on a CPU with AMX (Intel Xeon 4th gen
-    # and later: about 2x faster updates), fp32 elsewhere (agents/ppo.py: update_precision).
+    # and later) or AVX512-BF16 (AMD Zen 4 and later): 1.5-2.2x faster updates; fp32 elsewhere
+    # (agents/ppo.py: update_precision). PPO's update and SAC's/TD3's alike.
     precision: str = "auto"
     save_interval: int = 50  # checkpoint every N iterations (and at the end)
     save_every_minutes: Optional[float] = 10.0  # ... and every N minutes (null: off)

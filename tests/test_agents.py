@@ -83,12 +83,16 @@ def test_the_update_precision_is_bf16_only_where_it_pays_and_wrong_ones_are_refu
         return compose(*SMALL, *overrides).agent
 
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     assert update_precision(agent(), "cpu") == "bf16"
     assert update_precision(agent(), "cuda:0") == "fp32"
     assert update_precision(agent("agent.actor.rnn.type=lstm"), "cpu") == "fp32"
     assert update_precision(agent("agent.precision=fp32"), "cpu") == "fp32"
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     assert update_precision(agent(), "cpu") == "fp32"
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)  # AMD Zen 4
+    assert update_precision(agent(), "cpu") == "bf16"
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     assert update_precision(agent("agent.precision=bf16"), "cpu") == "bf16"
     with pytest.raises(ValueError, match=r"agent.precision='fp16': expected auto, bf16 or fp32"):
         update_precision(agent("agent.precision=fp16"), "cpu")
