@@ -38,17 +38,19 @@ def worker(task: str, num_envs: int, threads: list[int], repeats: int, overrides
     import time
 
     from common import compose, make_env, make_runner, torch
+    from legion.agents.off_policy import OffPolicyRunner
     from legion.agents.ppo import clone_tree, load_policy_state, policy_state
 
     cfg = compose(f"task={task}", f"sim.num_envs={num_envs}", "agent.mode=sync", *overrides)
     torch.manual_seed(cfg.seed)
     runner = make_runner(make_env(cfg), cfg.agent)
-    off_policy = cfg.agent.learner != "ppo"
-    if off_policy:  # an iteration's gradient steps on the buffer one iteration filled
+    if isinstance(runner, OffPolicyRunner):  # an iteration's gradient steps on the buffer one iteration filled
         learner, off = runner.learner, cfg.agent.off_policy
         steps = cfg.agent.num_steps_per_env * off.update_to_data
         runner.learn(1)
-        state, update = learner.state_dict, lambda: [learner.update(runner.buffer) for _ in range(steps)]
+        buffer = runner.buffer
+        assert buffer is not None
+        state, update = learner.state_dict, lambda: [learner.update(buffer) for _ in range(steps)]
         load, modules = learner.load_state_dict, (learner.actor, learner.critic)
         samples, epochs = steps * off.batch_size, 1
     else:  # a rollout, its returns, and a first update
