@@ -158,14 +158,16 @@ def test_an_env_without_the_flag_computes_no_final_observations():
 def test_off_policy_learners_learn_cartpole(learner, seed, learned):
     """Cart-pole, 64 envs, 30 iterations of 16 steps (30,720 env steps): the mean episode length
     rises. Over training seeds 0-9 it grew 4.2-6.0 times with SAC (mean 5.3, sd 0.6), 3.9-7.2 with
-    TD3 (mean 5.1, sd 1.2); the bounds, 3 and 2.2, lie 3.8 and 2.4 sd below the means."""
+    TD3 (mean 5.1, sd 1.2) in fp32; in bf16 (agent.precision=auto on a CPU with bfloat16 products)
+    4.1-6.2 with SAC (mean 5.3, sd 0.8), 3.7-7.6 with TD3 (mean 5.1, sd 1.3). The bounds, 3 and 1.9,
+    lie 2.9 and 2.4 sd below the lower of each pair of means."""
     runner = make_runner("task=cartpole", f"agent={learner}", f"seed={seed}", "sim.num_envs=64",
                          "agent.num_steps_per_env=16")
     runner.learn(2)
     start = runner.mean_episode_length
     runner.learn(30)
     print(f"{learner}: episode length {start:.1f} -> {runner.mean_episode_length:.1f}")
-    learned(length_ratio=(runner.mean_episode_length / start, {"sac": 3.0, "td3": 2.2}[learner]))
+    learned(length_ratio=(runner.mean_episode_length / start, {"sac": 3.0, "td3": 1.9}[learner]))
 
 
 def test_a_replayed_sequence_starts_from_the_memory_the_actor_had_and_reproduces_its_states():
