@@ -23,7 +23,7 @@ first thread count, bit for bit.
     python bench/update.py [--task quadruped_flat] [--num-envs 1024] [--threads 1 2] [--repeats 5]
     python bench/update.py --modes OFF AUTO,STRICT --dispatches default avx2 avx512
     python bench/update.py --precisions fp32 bf16 --modes AUTO,STRICT --threads 1 2 4 8
-    python bench/update.py --threads 1 2 agent=td3   # an iteration's gradient steps (batch x updates)
+    python bench/update.py --threads 1 2 --repeats 3 agent=td3   # an iteration's gradient steps
 """
 
 import argparse

@@ -13,13 +13,16 @@ from conftest import ROOT, export_untrained_run
 
 TINY_GO2 = ("task=quadruped_flat", "robot=go2")
 
-# Each benchmark's smallest configuration, seconds each, and the JSON file it writes.
+# Each benchmark's smallest configuration, seconds each, and the JSON file it writes ("name[variant]":
+# another configuration of the same script).
 SMALLEST = {
     "throughput": (["--num-envs", "8", "--steps", "5"], "throughput.json"),
     "backends": (["--num-envs", "8", "--steps", "5", "--chunk", "2", "--robots", "quadruped"], "backends.json"),
     "robots": (["--num-envs", "8", "--steps", "5", "--robots", "go2"], "robots.json"),
     "update": (["--task", "cartpole", "--num-envs", "64", "--repeats", "1", "--threads", "1", "2", "--modes",
                 "AUTO,STRICT"], "update.json"),
+    "update[td3]": (["--task", "cartpole", "--num-envs", "16", "--threads", "1", "--repeats", "1", "agent=td3",
+                     "agent.num_steps_per_env=2", "agent.off_policy.batch_size=64"], "update.json"),
     "async_vs_sync": (["--tasks", "cartpole", "--num-envs", "32", "--iterations", "2", "--seeds", "0"],
                       "async_vs_sync.json"),
     "overlap": (["--tasks", "cartpole", "--num-envs", "32", "--seconds", "0.5", "--repeats", "1"], "overlap.json"),
@@ -48,7 +51,8 @@ SMALLEST = {
 
 def test_every_benchmark_has_a_smallest_configuration_here():
     scripts = {p.stem for p in (ROOT / "bench").glob("*.py")} - {"common"}
-    assert scripts == set(SMALLEST), "a benchmark without a smallest configuration in this test, or one gone"
+    assert scripts == {name.split("[")[0] for name in SMALLEST}, \
+        "a benchmark without a smallest configuration in this test, or one gone"
 
 
 @pytest.mark.parametrize("name", SMALLEST)
@@ -70,7 +74,8 @@ def test_the_benchmark_runs_its_smallest_configuration(name, tmp_path):
         args = ["--run", str(made["out"]), "--realities", "go2_payload", "--params", "kp_scale", "latency_ms",
                 "--seconds", "4", "--evaluations", "12", "--bootstrap", "0", "--actuator-network"]
     environ = {**os.environ, "LEGION_BENCH_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), *args], cwd=tmp_path, env=environ,
+    script = ROOT / "bench" / f"{name.split('[')[0]}.py"
+    result = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=environ,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "|---" in result.stdout, result.stdout[-2000:]  # its table
