@@ -401,7 +401,7 @@ def test_legion_train_td3_then_export_carries_the_squashing_into_onnx_and_the_ru
                                        "agent.off_policy.batch_size=64", "agent.off_policy.learning_starts=2",
                                        "agent.off_policy.action_bound=2.5", f"hydra.run.dir={run}")
     assert code == 0, err[-2000:]
-    assert "TD3 (replay 1000 steps per env, batch 64, 2 updates per step)" in out
+    assert "TD3 (replay 1000 steps per env, batch 64, 2 updates per step, in " in out
     assert "[it 2/2]" in out and "critic loss" in out
     code, out, err = legion_in_process("export", f"run={run}")
     assert code == 0, err[-2000:]
