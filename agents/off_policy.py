@@ -181,7 +181,7 @@ class OffPolicyLearner:
         self.distribution: SquashedGaussian = self.actor.distribution  # pyright: ignore[reportAttributeAccessIssue]
         outputs = off.num_atoms if off.distributional else 1
         self.critic = Critics(obs, num_actions, cfg, outputs).to(device)
-        # agent.precision (auto: bf16 on a CPU with AMX): the update's products in bfloat16, each
+        # agent.precision (auto: bf16 on a CPU with AMX or AVX512-BF16): the products in bfloat16, each
         # network's output layer in fp32 (a Q-value rounded to 8 bits would lose a step's reward)
         self.bfloat16 = update_precision(cfg, device) == "bf16"
         if self.bfloat16:
