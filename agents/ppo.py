@@ -374,7 +374,7 @@ def update_precision(cfg: Agent, device: str) -> str:
     """``agent.precision`` resolved for ``device``: "bf16" or "fp32".
 
     auto: bf16 on a CPU with bfloat16 products in hardware, AMX tiles (Intel Xeon 4th gen and later)
-    or AVX512-BF16 (AMD Zen 4 and later, Intel Cooper Lake): PPO's update 1.5-2.2x faster there,
+    or AVX512-BF16 (AMD Zen 4 and later): PPO's update 1.5-2.2x faster there,
     TD3's 1.6x (``bench/update.py``); fp32 elsewhere: on a CPU without them (AVX2, AVX-512 alone)
     bfloat16 products are several times slower, and on a GPU these networks are too small for it
     to pay. Recurrent networks stay fp32 (their products are not :class:`BFloat16Linear`'s)."""
