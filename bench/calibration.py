@@ -1,6 +1,7 @@
 """How well `legion calibrate` recovers a robot it cannot see: for each reality, a chirp excitation
-logged from the hung robot made of it (through the control loop, in simulated time: what `legion
-deploy excite=chirp log=...` writes against `legion bridge reality=... hung=true`), then the fit.
+logged from the hung robot made of it (or, with --walking, the policy walking on the floor),
+through the control loop in simulated time (what `legion deploy excite=chirp log=...` writes
+against `legion bridge reality=... hung=true`), then the fit.
 One row per fitted value: the reality's value (the mean over the group's joints), the estimate,
 its error, whether the logs pin it down, and per reality the held-out joint RMSE, nominal model
 against calibrated, and the seconds the fit took.
@@ -10,6 +11,8 @@ against calibrated, and the seconds the fit took.
         [--seconds 20] [--evaluations 900] [--bootstrap 4]
     python bench/calibration.py --run <Go2 run> --standing --params kp_scale added_mass_kg --amplitude 0.05 \
         --groups   # standing on the floor: the payload from the stance legs' torques
+    python bench/calibration.py --run <Go2 run> --walking 0.5 0 0 --params added_mass_kg com_x_m --groups
+        # the policy walking at 0.5 m/s: the payload from a walking log
     python bench/calibration.py --run <Go2 run> --actuator-network   # and an actuator network per group
 
 With ``--actuator-network`` a second table: per reality and joint group, the held-out torque RMSE
@@ -24,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from common import print_table, write_json
-from legion.sim2real.calibrate import calibrate, excitation_log
+from legion.sim2real.calibrate import calibrate, simulated_log
 from legion.sim2real.deploy.contract import PolicyContract
 from legion.sim2real.deploy.excite import Excitation
 from legion.sim2real.reality import Reality, RealityRobot, load_reality
@@ -36,6 +39,10 @@ def truth(exported: Path, reality, name: str, groups: dict) -> float:
         return reality.latency_ms.mean
     if name == "added_mass_kg":
         return reality.base.added_mass_kg
+    if name in ("com_x_m", "com_y_m"):
+        return reality.base.com_offset_m["xy".index(name[4])]
+    if name == "foot_friction":  # (NaN: the reality keeps the model's contacts)
+        return float("nan") if reality.foot_friction is None else reality.foot_friction
     param, _, group = name.partition("@")
     meta = PolicyContract.load(exported / "policy.json")
     robot, nominal = (RealityRobot(exported / "robot.mjb", meta, r) for r in (reality, Reality()))
@@ -63,19 +70,23 @@ def main() -> None:
     parser.add_argument("--standing", action="store_true",
                         help="the robot standing on the floor, not hung (calibrate hung=false; e.g. --params "
                              "kp_scale added_mass_kg --amplitude 0.05)")
+    parser.add_argument("--walking", type=float, nargs=3, metavar=("VX", "VY", "WZ"),
+                        help="the policy itself walking at this command for --seconds, not a chirp (calibrate "
+                             "hung=false; e.g. --walking 0.5 0 0 --params added_mass_kg com_x_m --groups)")
     parser.add_argument("--actuator-network", action="store_true",
                         help="also an actuator network per joint group (calibrate actuator_network=true)")
     args = parser.parse_args()
     exported = next(f for f in (Path(args.run), Path(args.run) / "exported") if (f / "robot.mjb").is_file())
     groups = dict(g.split(":", 1) for g in args.groups)
+    free = args.standing or args.walking is not None  # the robot on the floor, its base free
     rows, networks, reports = [], [], {}
     for name in args.realities:
         reality = load_reality(name)
         with tempfile.TemporaryDirectory() as folder:
-            log = excitation_log(exported, reality, Excitation("chirp", args.amplitude, args.seconds), folder,
-                                 hung=not args.standing)
+            excitation = None if args.walking else Excitation("chirp", args.amplitude, args.seconds)
+            log = simulated_log(exported, reality, folder, excitation, args.walking, args.seconds, hung=not free)
             report = calibrate(log, exported, args.params, max_evaluations=args.evaluations, bootstrap=args.bootstrap,
-                               groups=groups or None, say=lambda line: None, hung=not args.standing,
+                               groups=groups or None, say=lambda line: None, hung=not free,
                                actuator_network=args.actuator_network)
         reports[name] = report
         rmse = report["held_out_rmse_rad"]

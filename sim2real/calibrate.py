@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,10 +124,12 @@ def load_windows(folder: str | Path, joint_names: list[str], control_dt: float, 
     return windows
 
 
-def excitation_log(exported: str | Path, reality, excitation, folder: str | Path, hung: bool = True) -> Path:
-    """The log of ``excitation`` run on the export's robot made of ``reality``, hung (or standing
-    on the floor), through the control loop in simulated time: what ``legion deploy ... excite=...
-    log=folder`` writes against ``legion bridge ... reality=... hung=true``, without DDS or the
+def simulated_log(exported: str | Path, reality, folder: str | Path, excitation=None, command=None,
+                  seconds: float = 10.0, hung: bool = True) -> Path:
+    """The log of the export's robot made of ``reality`` through the control loop in simulated
+    time, hung (or on the floor): ``excitation`` run (what ``legion deploy ... excite=...
+    log=folder`` writes against ``legion bridge ... reality=... hung=true``), or else the policy
+    itself for ``seconds`` at ``command`` (vx, vy, wz: walking, ``hung=False``), without DDS or the
     wall clock. Returns ``folder``."""
     from legion.sim2real.deploy import ControlLoop, PolicyRunner
     from legion.sim2real.deploy.excite import ExcitationRunner
@@ -134,12 +137,16 @@ def excitation_log(exported: str | Path, reality, excitation, folder: str | Path
     from legion.sim2real.reality import RealityRobot
 
     exported = Path(exported)
-    routine = ExcitationRunner(PolicyRunner(exported / "policy.onnx"), excitation)
-    robot = RealityRobot(exported / "robot.mjb", routine.metadata, reality)
+    runner = PolicyRunner(exported / "policy.onnx")
+    if excitation is not None:
+        runner = ExcitationRunner(runner, excitation)
+    ticks = runner.ticks if excitation is not None else round(seconds / runner.control_dt)
+    robot = RealityRobot(exported / "robot.mjb", runner.metadata, reality)
     if hung:
         robot.hang()
-    with TrajectoryLog(folder, routine) as log:
-        ControlLoop(robot, routine, now=robot.time, realtime=False, logger=log).run(routine.ticks)
+    with TrajectoryLog(folder, runner) as log:
+        ControlLoop(robot, runner, now=robot.time, realtime=False, logger=log).run(
+            ticks, None if command is None else np.asarray(command, np.float32))
     return Path(folder)
 
 
@@ -228,6 +235,18 @@ class Fit:
         torques = errors[:, 1].mean() / self.torque_scale if self.torque_scale else 0.0
         return float(errors[:, 0].mean() / self.scale + torques)
 
+    def nominal(self, name: str) -> float | None:
+        """The model's own value of a fitted parameter: :data:`NOMINAL`'s, or for the armature
+        the model's, averaged over the group's joints (None: foot friction, the model's contacts)."""
+        if _base(name) != "armature":
+            return NOMINAL[_base(name)]
+        import mujoco
+
+        pattern = (self.groups or {}).get(name.partition("@")[2], ".*")
+        dofs = [self.model.jnt_dofadr[mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, joint)]
+                for joint in self.metadata.joint_names if re.fullmatch(pattern, joint)]
+        return float(np.mean(self.model.dof_armature[dofs]))
+
     def values(self, x: np.ndarray) -> dict:
         """Parameters from CMA-ES's [0, 1] coordinates."""
         ranges = [PARAMETERS[_base(name)] for name in self.names]
@@ -245,11 +264,14 @@ def joint_groups(values: dict, groups: dict[str, str] | None) -> dict[str, dict]
 
 def _search(fit: Fit, start: np.ndarray, sigma: float, budget: int, seed: int, say=None) -> tuple[np.ndarray, float]:
     """CMA-ES from ``start`` ([0, 1] coordinates) within ``budget`` evaluations: the best point and its
-    loss. One parameter alone is searched with a second coordinate the loss ignores (pycma's
-    bounded search does not run in one dimension)."""
+    loss, ``start`` itself where nothing the search tried beats it (CMA-ES samples around its mean
+    and never scores the mean: a robot the model already describes keeps the model). One parameter
+    alone is searched with a second coordinate the loss ignores (pycma's bounded search does not
+    run in one dimension)."""
     import cma
 
     dims = len(start)
+    start_loss = fit.loss(fit.values(start))
     es = cma.CMAEvolutionStrategy(np.append(start, 0.5) if dims == 1 else start, sigma,
                                   {"bounds": [0, 1], "seed": seed + 1, "verbose": -9, "maxfevals": budget})
     first, t0 = fit.evaluations, time.perf_counter()
@@ -261,6 +283,8 @@ def _search(fit: Fit, start: np.ndarray, sigma: float, budget: int, seed: int, s
             rate = done / (time.perf_counter() - t0)
             say(f"[calibrate] {done}/{budget} evaluations | loss {es.result.fbest:.4g} | {rate:.1f} evaluations/s | "
                 f"ETA {max(0, budget - done) / rate:.0f} s")
+    if start_loss <= es.result.fbest:
+        return np.asarray(start, np.float64), start_loss
     return np.asarray(es.result.xbest)[:dims], float(es.result.fbest)
 
 
@@ -295,9 +319,10 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
     fitting = [w for i, w in enumerate(windows) if i % 4 != 3]
     fit = Fit(exported / "robot.mjb", meta, fitting, names, groups)
     nominal = {n: NOMINAL[_base(n)] for n in names}
-    # Two starts, half the budget each: the nominal model and the middle of every prior (the loss has
-    # local minima where latency trades against the gains; one start alone misses the truth on some logs)
-    starts = [np.array([0.5 if NOMINAL[_base(n)] is None else (NOMINAL[_base(n)] - PARAMETERS[_base(n)][0]) /
+    # Two starts, half the budget each: the nominal model (its own armature) and the middle of every
+    # prior (the loss has local minima where latency trades against the gains; one start alone misses
+    # the truth on some logs)
+    starts = [np.array([0.5 if fit.nominal(n) is None else (fit.nominal(n) - PARAMETERS[_base(n)][0]) /
                         (PARAMETERS[_base(n)][1] - PARAMETERS[_base(n)][0]) for n in names]),
               np.full(len(names), 0.5)]
     say(f"[calibrate] {len(fitting)} windows of {window_s:g} s to fit, {len(held_out)} held out; "
