@@ -262,16 +262,18 @@ def joint_groups(values: dict, groups: dict[str, str] | None) -> dict[str, dict]
             for label, pattern in patterns.items()}
 
 
-def _search(fit: Fit, start: np.ndarray, sigma: float, budget: int, seed: int, say=None) -> tuple[np.ndarray, float]:
+def _search(fit: Fit, start: np.ndarray, sigma: float, budget: int, seed: int, say=None,
+            keep_start: bool = True) -> tuple[np.ndarray, float]:
     """CMA-ES from ``start`` ([0, 1] coordinates) within ``budget`` evaluations: the best point and its
-    loss, ``start`` itself where nothing the search tried beats it (CMA-ES samples around its mean
-    and never scores the mean: a robot the model already describes keeps the model). One parameter
-    alone is searched with a second coordinate the loss ignores (pycma's bounded search does not
-    run in one dimension)."""
+    loss; with ``keep_start``, ``start`` itself where nothing the search tried beats it (CMA-ES
+    samples around its mean and never scores the mean: a robot the model already describes keeps
+    the model; a bootstrap refit must not, or its spread would be nought). One parameter alone is
+    searched with a second coordinate the loss ignores (pycma's bounded search does not run in one
+    dimension)."""
     import cma
 
     dims = len(start)
-    start_loss = fit.loss(fit.values(start))
+    start_loss = fit.loss(fit.values(start)) if keep_start else np.inf
     es = cma.CMAEvolutionStrategy(np.append(start, 0.5) if dims == 1 else start, sigma,
                                   {"bounds": [0, 1], "seed": seed + 1, "verbose": -9, "maxfevals": budget})
     first, t0 = fit.evaluations, time.perf_counter()
@@ -336,7 +338,7 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
     for b in range(bootstrap):
         sample = [fitting[i] for i in rng.integers(len(fitting), size=len(fitting))]
         resampled.append(fit.values(_search(Fit(exported / "robot.mjb", meta, sample, names, groups), x, 0.05,
-                                            bootstrap_evaluations, seed + 1 + b)[0]))
+                                            bootstrap_evaluations, seed + 1 + b, keep_start=False)[0]))
         say(f"[calibrate] bootstrap {b + 1}/{bootstrap}")
     profile = {}
     for i, name in enumerate(names):  # the loss with this parameter alone moved 20% of its range either way

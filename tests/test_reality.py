@@ -213,6 +213,8 @@ def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitati
     assert estimates["latency_ms"] == pytest.approx(10.0, abs=2.5)
     assert all(p["pinned"] for p in report["profile"].values()) and "NOT PINNED" not in out
     assert "[calibrate] bootstrap 3/3" in out  # pinned: each spread over three refits within +-20%
+    low, high = report["profile"]["kp_scale"]["bootstrap"]
+    assert low < high  # the refits moved: a spread, not the estimate three times
     from legion.sim2real.calibrate import table
 
     assert "WARNING" not in out  # a fit no better than the model on held-out windows is said to be so
