@@ -8,9 +8,8 @@ matrix product's result does not depend on the thread count) so that an update o
 gives the weights of one thread bit for bit. This measures what that costs against MKL's default
 (``MKL_CBWR=OFF``), and which settings keep the weights identical across thread counts.
 
-``agent.precision=bf16`` (bfloat16 products; the default on a CPU with AMX or
-AVX512-BF16) against ``fp32``: how much
-faster, and that it keeps the weights independent of the thread count. ``ONEDNN_MAX_CPU_ISA`` in
+``agent.precision=bf16`` (bfloat16 products; the default on a CPU with AMX or AVX512-BF16) against
+``fp32``: how much faster, and that it keeps the weights independent of the thread count. ``ONEDNN_MAX_CPU_ISA`` in
 the environment (e.g. ``AVX2``) caps oneDNN's instructions; it is no stand-in for another CPU (capped
 at ``AVX512_CORE_BF16`` on an AMX Xeon, bf16 was slower than fp32; on an AMD EPYC with AVX512-BF16 it
 is 1.5-1.7x faster).

@@ -138,9 +138,9 @@ def simulated_log(exported: str | Path, reality, folder: str | Path, excitation=
 
     exported = Path(exported)
     runner = PolicyRunner(exported / "policy.onnx")
+    ticks = round((seconds if excitation is None else excitation.duration_s) / runner.control_dt)
     if excitation is not None:
         runner = ExcitationRunner(runner, excitation)
-    ticks = runner.ticks if excitation is not None else round(seconds / runner.control_dt)
     robot = RealityRobot(exported / "robot.mjb", runner.metadata, reality)
     if hung:
         robot.hang()
@@ -320,11 +320,11 @@ def calibrate(log: str | Path, exported: str | Path, params: list[str], window_s
     held_out = windows[3::4]
     fitting = [w for i, w in enumerate(windows) if i % 4 != 3]
     fit = Fit(exported / "robot.mjb", meta, fitting, names, groups)
-    nominal = {n: NOMINAL[_base(n)] for n in names}
+    nominal = {n: fit.nominal(n) for n in names}
     # Two starts, half the budget each: the nominal model (its own armature) and the middle of every
     # prior (the loss has local minima where latency trades against the gains; one start alone misses
     # the truth on some logs)
-    starts = [np.array([0.5 if fit.nominal(n) is None else (fit.nominal(n) - PARAMETERS[_base(n)][0]) /
+    starts = [np.array([0.5 if (value := nominal[n]) is None else (value - PARAMETERS[_base(n)][0]) /
                         (PARAMETERS[_base(n)][1] - PARAMETERS[_base(n)][0]) for n in names]),
               np.full(len(names), 0.5)]
     say(f"[calibrate] {len(fitting)} windows of {window_s:g} s to fit, {len(held_out)} held out; "
