@@ -11,8 +11,8 @@ against calibrated, and the seconds the fit took.
         [--seconds 20] [--evaluations 900] [--bootstrap 4]
     python bench/calibration.py --run <Go2 run> --standing --params kp_scale added_mass_kg --amplitude 0.05 \
         --groups   # standing on the floor: the payload from the stance legs' torques
-    python bench/calibration.py --run <Go2 run> --walking 0.5 0 0 --params added_mass_kg com_x_m --groups
-        # the policy walking at 0.5 m/s: the payload from a walking log
+    python bench/calibration.py --run <Go2 run> --walking 0.5 0 0 --params kp_scale added_mass_kg com_x_m \
+        foot_friction --groups --realities go2_payload   # the payload from the policy walking at 0.5 m/s
     python bench/calibration.py --run <Go2 run> --actuator-network   # and an actuator network per group
 
 With ``--actuator-network`` a second table: per reality and joint group, the held-out torque RMSE
@@ -72,7 +72,8 @@ def main() -> None:
                              "kp_scale added_mass_kg --amplitude 0.05)")
     parser.add_argument("--walking", type=float, nargs=3, metavar=("VX", "VY", "WZ"),
                         help="the policy itself walking at this command for --seconds, not a chirp (calibrate "
-                             "hung=false; e.g. --walking 0.5 0 0 --params added_mass_kg com_x_m --groups)")
+                             "hung=false; e.g. --walking 0.5 0 0 --params added_mass_kg com_x_m foot_friction "
+                             "--groups)")
     parser.add_argument("--actuator-network", action="store_true",
                         help="also an actuator network per joint group (calibrate actuator_network=true)")
     args = parser.parse_args()
