@@ -8,11 +8,14 @@ against calibrated, and the seconds the fit took.
 
     python bench/calibration.py --run <Go2 run or export> [--realities go2_worn_motors go2_payload go2_backlash]
         [--params kp_scale kd_scale coulomb_friction armature latency_ms] [--groups calf:.*_calf_joint ...]
-        [--seconds 20] [--evaluations 900] [--bootstrap 4]
+        [--seconds 20] [--evaluations 1200] [--bootstrap 4]
     python bench/calibration.py --run <Go2 run> --standing --params kp_scale added_mass_kg --amplitude 0.05 \
         --groups   # standing on the floor: the payload from the stance legs' torques
     python bench/calibration.py --run <Go2 run> --walking 0.5 0 0 --params kp_scale added_mass_kg com_x_m \
         foot_friction --groups --realities go2_payload   # the payload from the policy walking at 0.5 m/s
+    python bench/calibration.py --run <Go2 run> --walking 0.5 0 0 --seconds 40 --hung-chirp 20 \
+        --params kp_scale kd_scale coulomb_friction armature latency_ms added_mass_kg com_x_m foot_friction
+        # 60 s of logs fitted together: a chirp hung (the motors) and a walk (the payload, the floor)
     python bench/calibration.py --run <Go2 run> --actuator-network   # and an actuator network per group
 
 With ``--actuator-network`` a second table: per reality and joint group, the held-out torque RMSE
@@ -65,7 +68,7 @@ def main() -> None:
                         help="NAME:REGEX joint groups fitted apart (none: every joint alike)")
     parser.add_argument("--seconds", type=float, default=20.0, help="the chirp's length")
     parser.add_argument("--amplitude", type=float, default=0.15)
-    parser.add_argument("--evaluations", type=int, default=900)
+    parser.add_argument("--evaluations", type=int, default=1200)
     parser.add_argument("--bootstrap", type=int, default=4)
     parser.add_argument("--standing", action="store_true",
                         help="the robot standing on the floor, not hung (calibrate hung=false; e.g. --params "
@@ -74,6 +77,9 @@ def main() -> None:
                         help="the policy itself walking at this command for --seconds, not a chirp (calibrate "
                              "hung=false; e.g. --walking 0.5 0 0 --params added_mass_kg com_x_m foot_friction "
                              "--groups)")
+    parser.add_argument("--hung-chirp", type=float, default=0.0, metavar="SECONDS",
+                        help="with --walking or --standing: also a chirp of this length with the robot hung, "
+                             "fitted together with the other log (calibrate log=hung,free hung=true,false)")
     parser.add_argument("--actuator-network", action="store_true",
                         help="also an actuator network per joint group (calibrate actuator_network=true)")
     args = parser.parse_args()
@@ -85,9 +91,13 @@ def main() -> None:
         reality = load_reality(name)
         with tempfile.TemporaryDirectory() as folder:
             excitation = None if args.walking else Excitation("chirp", args.amplitude, args.seconds)
-            log = simulated_log(exported, reality, folder, excitation, args.walking, args.seconds, hung=not free)
-            report = calibrate(log, exported, args.params, max_evaluations=args.evaluations, bootstrap=args.bootstrap,
-                               groups=groups or None, say=lambda line: None, hung=not free,
+            logs = [simulated_log(exported, reality, Path(folder) / "log", excitation, args.walking, args.seconds,
+                                  hung=not free)]
+            if free and args.hung_chirp:
+                logs.append(simulated_log(exported, reality, Path(folder) / "hung",
+                                          Excitation("chirp", args.amplitude, args.hung_chirp)))
+            report = calibrate(logs, exported, args.params, max_evaluations=args.evaluations, bootstrap=args.bootstrap,
+                               groups=groups or None, say=lambda line: None, hung=[not free, True][:len(logs)],
                                actuator_network=args.actuator_network)
         reports[name] = report
         rmse = report["held_out_rmse_rad"]

@@ -365,6 +365,30 @@ def test_calibrate_finds_a_payload_from_a_standing_go2s_log(go2, tmp_path):
         load_windows(logs, names, dt, 0.5, hung=False)
 
 
+def test_calibrate_fits_a_hung_log_and_a_standing_one_together(go2, tmp_path):
+    """A Go2 with 0.3 N m of Coulomb friction in its joints and 2.5 kg on its base, logged twice: a
+    chirp hung (the friction shows, the payload cannot) and one standing (the payload shows). Both
+    folders in one fit (`log=hung,standing hung=true,false`): each window replayed as its robot was,
+    the friction within 15% and the payload within 10%. A hung= that matches neither one folder nor
+    all of them is refused by name."""
+    from legion.sim2real.calibrate import calibrate
+    from legion.sim2real.reality import Base, Joints
+
+    truth = Reality(base=Base(added_mass_kg=2.5), joints={".*": Joints(coulomb_friction=0.3)})
+    hung = _excitation_log(go2, truth, 4.0, tmp_path / "hung")
+    standing = _excitation_log(go2, truth, 6.0, tmp_path / "standing", amplitude=0.05, hung=False)
+    report = calibrate([hung, standing], go2["mjb"].parent, ["coulomb_friction", "added_mass_kg"],
+                       max_evaluations=150, bootstrap=0, say=lambda line: None, hung=[True, False])
+    estimates = report["estimates"]
+    print(estimates, report["held_out_rmse_rad"])
+    assert estimates["coulomb_friction"] == pytest.approx(0.3, rel=0.15)
+    assert estimates["added_mass_kg"] == pytest.approx(2.5, rel=0.1)
+    assert report["windows"] + report["held_out"] == 7 + 11  # every window of both
+    code, _, err = legion_in_process("calibrate", f"run={go2['run']}", f"log={hung},{standing}",
+                                     "hung=true,false,true")
+    assert code != 0 and "hung=true,false,true: one value for every log folder, or one for each of the 2" in err
+
+
 def test_calibrate_finds_the_foot_friction_where_a_standing_go2s_feet_slip(go2, tmp_path):
     """A Go2 standing on a slippery floor (friction 0.3) through a 0.2 rad chirp, whose feet slip:
     the fit of the foot friction alone comes within 15% (floors of 0.2, 0.3 and 0.45: 0.198, 0.277
