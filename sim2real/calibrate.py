@@ -3,7 +3,8 @@
 The logs are the control loop's (``legion deploy ... log=DIR``, :mod:`legion.sim2real.deploy.log`):
 best an identification routine with the robot hung (``excite=chirp``, the base held: the legs'
 motion is then the motors' and the joints' alone); with the robot standing or walking
-(``hung=False``) the base's payload too, which the stance legs' torques carry. The model is the
+(``hung=False``) the base's payload too, which the stance legs' torques carry; logs of both kinds
+are fitted in two stages (the motors from the hung ones, then the body). The model is the
 export's ``robot.mjb`` with the parameters of a reality
 (:class:`~legion.sim2real.reality.RealityRobot`), hung as the robot was or free: each short window
 of the log (``window_s``) starts from the logged joint positions and velocities (and a free base's
@@ -357,23 +358,25 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
     fit = Fit(exported / "robot.mjb", meta, fitting, names, groups)
     nominal = {n: fit.nominal(n) for n in names}
     # Logs of both kinds: the motors from the hung windows first (there the legs' motion is the
-    # motors' alone), then the body from the standing or walking ones with the motors held. All at
-    # once, the search over a dozen values missed both: a 60 s fit of 12 values in 1,200 evaluations
-    # came out with calf damping 22% off and the payload 19% off, the stages within 5%.
+    # motors' alone), with the whole budget, as a hung log alone gets, then the body from the
+    # standing or walking ones with the motors held, with a quarter more. All at once, the search
+    # over a dozen values missed both (a payload reality's calf damping 22% off, its payload 19%).
     motors = [n for n in names if _base(n) not in ON_THE_GROUND]
     body = [n for n in names if _base(n) in ON_THE_GROUND]
-    stages = [(names, fitting)]
+    stages = [(names, fitting, max_evaluations)]
     if motors and body and any(hung) and not all(hung):
-        stages = [(motors, [w for w in fitting if w.base is None]), (body, [w for w in fitting if w.base is not None])]
+        stages = [(motors, [w for w in fitting if w.base is None], max_evaluations),
+                  (body, [w for w in fitting if w.base is not None], max_evaluations // 4)]
     say(f"[calibrate] {len(fitting)} windows of {window_s:g} s to fit, {len(held_out)} held out; "
         f"parameters {', '.join(names)}; CMA-ES, at most {max_evaluations} evaluations"
-        + (" (the motors from the hung logs, then the body from the others)" if len(stages) > 1 else "")
+        + (f" for the motors from the hung logs, then {max_evaluations // 4} for the body from the others"
+           if len(stages) > 1 else "")
         + f", then a bootstrap of {bootstrap} x {bootstrap_evaluations}")
     t0 = time.perf_counter()
     best, evaluations = {}, 0
-    for stage, stage_windows in stages:
+    for stage, stage_windows, budget in stages:
         stage_fit = Fit(exported / "robot.mjb", meta, stage_windows, stage, groups, fixed=best)
-        best, _ = stage_fit.search(max_evaluations * len(stage) // len(names), seed, say)
+        best, _ = stage_fit.search(budget, seed, say)
         evaluations += stage_fit.evaluations
     x, best_loss = fit.coordinates(best), fit.loss(best)
     rng, resampled = np.random.default_rng(seed), []
