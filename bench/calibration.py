@@ -70,6 +70,7 @@ def main() -> None:
     parser.add_argument("--amplitude", type=float, default=0.15)
     parser.add_argument("--evaluations", type=int, default=1200)
     parser.add_argument("--bootstrap", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0, help="the search's (calibrate seed=)")
     parser.add_argument("--standing", action="store_true",
                         help="the robot standing on the floor, not hung (calibrate hung=false; e.g. --params "
                              "kp_scale added_mass_kg --amplitude 0.05)")
@@ -97,7 +98,8 @@ def main() -> None:
                 logs.append(simulated_log(exported, reality, Path(folder) / "hung",
                                           Excitation("chirp", args.amplitude, args.hung_chirp)))
             report = calibrate(logs, exported, args.params, max_evaluations=args.evaluations, bootstrap=args.bootstrap,
-                               groups=groups or None, say=lambda line: None, hung=[not free, True][:len(logs)],
+                               seed=args.seed, groups=groups or None, say=lambda line: None,
+                               hung=[not free, True][:len(logs)],
                                actuator_network=args.actuator_network)
         reports[name] = report
         rmse = report["held_out_rmse_rad"]

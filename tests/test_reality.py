@@ -369,8 +369,9 @@ def test_calibrate_fits_a_hung_log_and_a_standing_one_together(go2, tmp_path):
     """A Go2 with 0.3 N m of Coulomb friction in its joints and 2.5 kg on its base, logged twice: a
     chirp hung (the friction shows, the payload cannot) and one standing (the payload shows). Both
     folders in one fit (`log=hung,standing hung=true,false`): each window replayed as its robot was,
-    the friction within 15% and the payload within 10%. A hung= that matches neither one folder nor
-    all of them is refused by name."""
+    the friction from the hung windows, then the payload from the standing ones (two stages), the
+    friction within 15% and the payload within 10% (0.300 and 2.54 kg). A hung= that matches
+    neither one folder nor all of them is refused by name."""
     from legion.sim2real.calibrate import calibrate
     from legion.sim2real.reality import Base, Joints
 
