@@ -8,7 +8,7 @@ against calibrated, and the seconds the fit took.
 
     python bench/calibration.py --run <Go2 run or export> [--realities go2_worn_motors go2_payload go2_backlash]
         [--params kp_scale kd_scale coulomb_friction armature latency_ms] [--groups calf:.*_calf_joint ...]
-        [--seconds 20] [--evaluations 1200] [--bootstrap 4]
+        [--seconds 20] [--evaluations 2400] [--bootstrap 4] [--workers N]
     python bench/calibration.py --run <Go2 run> --standing --params kp_scale added_mass_kg --amplitude 0.05 \
         --groups   # standing on the floor: the payload from the stance legs' torques
     python bench/calibration.py --run <Go2 run> --walking 0.5 0 0 --params kp_scale added_mass_kg com_x_m \
@@ -68,7 +68,8 @@ def main() -> None:
                         help="NAME:REGEX joint groups fitted apart (none: every joint alike)")
     parser.add_argument("--seconds", type=float, default=20.0, help="the chirp's length")
     parser.add_argument("--amplitude", type=float, default=0.15)
-    parser.add_argument("--evaluations", type=int, default=1200)
+    parser.add_argument("--evaluations", type=int, default=2400)
+    parser.add_argument("--workers", type=int, default=None, help="calibrate workers= (default: every usable core)")
     parser.add_argument("--bootstrap", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0, help="the search's (calibrate seed=)")
     parser.add_argument("--standing", action="store_true",
@@ -100,7 +101,7 @@ def main() -> None:
             report = calibrate(logs, exported, args.params, max_evaluations=args.evaluations, bootstrap=args.bootstrap,
                                seed=args.seed, groups=groups or None, say=lambda line: None,
                                hung=[not free, True][:len(logs)],
-                               actuator_network=args.actuator_network)
+                               actuator_network=args.actuator_network, workers=args.workers)
         reports[name] = report
         rmse = report["held_out_rmse_rad"]
         for value, estimate in report["estimates"].items():

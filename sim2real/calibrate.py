@@ -35,8 +35,10 @@ analytic motor in the report, and the task file's robot drives the group's joint
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -62,6 +64,7 @@ WHOLE_ROBOT = ("latency_ms", "added_mass_kg", "com_x_m", "com_y_m", "foot_fricti
 # what only logs of the robot standing or walking tell (a hung robot's feet touch nothing)
 ON_THE_GROUND = ("added_mass_kg", "com_x_m", "com_y_m", "foot_friction")
 FLAT_RISE = 0.05  # relative loss rise below which a parameter is not pinned down
+SEARCH_EVALUATIONS = 600  # one CMA-ES search's budget (Fit.search: the budget buys several)
 HUNG_ANG_VEL = 0.5  # [rad/s] a logged base turning faster was not hung
 
 
@@ -170,14 +173,15 @@ def _base(name: str) -> str:
 class Fit:
     """Simulates windows under candidate parameters (the module docstring). ``groups``: joint
     group name -> regular expression over the joint names (None: one group of every joint);
-    ``fixed``: values held while ``names`` are searched (an earlier stage's estimates)."""
+    ``fixed``: values held while ``names`` are searched (an earlier stage's estimates); ``workers``:
+    processes that share each evaluation's windows (None: every window replayed here)."""
 
     def __init__(self, mjb: str | Path, metadata, windows: list[Window], names: list[str],
-                 groups: dict[str, str] | None = None, fixed: dict | None = None):
+                 groups: dict[str, str] | None = None, fixed: dict | None = None, workers: Workers | None = None):
         import mujoco
 
-        self.model = mujoco.MjModel.from_binary_path(str(mjb))
-        self.metadata, self.windows, self.names, self.groups = metadata, windows, names, groups
+        self.mjb, self.model = str(mjb), mujoco.MjModel.from_binary_path(str(mjb))
+        self.metadata, self.windows, self.names, self.groups, self.workers = metadata, windows, names, groups, workers
         self.fixed = fixed or {}
         motion = np.concatenate([w.joint_pos for w in windows])
         self.scale = motion.var(0).mean()  # the loss's unit: the logged motion's variance
@@ -236,11 +240,13 @@ class Fit:
         """Per window, the mean squared error of the simulated joint positions [rad^2] and motor
         torques [(N m)^2] from the logged ones: (windows, 2), the torques' NaN where not logged."""
         windows = windows if windows is not None else self.windows
+        self.evaluations += 1
+        if self.workers is not None and len(windows) > 1:
+            return self.workers.errors(self, values, windows)
         out = [(np.mean((positions - w.joint_pos[1:]) ** 2),
                 np.mean((torques - w.joint_torque[1:]) ** 2) if w.joint_torque is not None else np.nan)
                for w, (positions, torques) in zip(windows, self.simulate(values, windows))]
-        self.evaluations += 1
-        return np.array(out)
+        return np.array(out).reshape(len(windows), 2)
 
     def loss(self, values: dict, windows: list[Window] | None = None) -> float:
         errors = self.errors(values, windows)
@@ -272,14 +278,59 @@ class Fit:
                          for name, (low, high) in zip(self.names, ranges)])
 
     def search(self, budget: int, seed: int, say=None) -> tuple[dict, float]:
-        """The best values CMA-ES finds within ``budget`` evaluations, and their loss. Two starts, half
-        the budget each: the nominal model (its own armature) and the middle of every prior (the
-        loss has local minima where latency trades against the gains; one start alone misses the
-        truth on some logs)."""
+        """The best values CMA-ES finds within ``budget`` evaluations, and their loss: searches of
+        about :data:`SEARCH_EVALUATIONS` each (two at least), started in turn from the nominal model
+        (its own armature) and from the middle of every prior, each pair with the next seed; the
+        lowest loss kept. The loss has local minima where latency trades against the gains: one
+        search stops in one on some logs (a worn Go2's calves at 1.22x kp for 0.85x, with a 4.9 ms
+        latency for 8, at 3.4x the loss of the truth), a search from another start or seed does not."""
         starts = [self.coordinates({n: self.nominal(n) for n in self.names}), np.full(len(self.names), 0.5)]
-        x, loss = min((_search(self, start, 0.3, budget // len(starts), seed, say) for start in starts),
-                      key=lambda found: found[1])
+        searches = max(2, round(budget / SEARCH_EVALUATIONS))
+        x, loss = min((_search(self, starts[i % 2], 0.3, budget // searches, seed + i // 2, say)
+                       for i in range(searches)), key=lambda found: found[1])
         return self.values(x), loss
+
+
+class Workers:
+    """``count`` processes among which a :class:`Fit` shares each evaluation's windows (one
+    evaluation replays tens of independent windows: a fit runs about ``count`` times as fast).
+    Forked where the system can (a spawned process re-runs the caller's script, which a script
+    without a ``__main__`` guard does not survive); they run MuJoCo and NumPy only. A context
+    manager that ends them."""
+
+    def __init__(self, count: int):
+        import multiprocessing
+
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        self.count, self.pool = count, multiprocessing.get_context(method).Pool(count)
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.pool.terminate()
+
+    def errors(self, fit: Fit, values: dict, windows: list[Window]) -> np.ndarray:
+        """:meth:`Fit.errors` with the windows split into one contiguous share per process."""
+        bounds = np.linspace(0, len(windows), min(self.count, len(windows)) + 1).astype(int)
+        shares = [(fit.mjb, fit.metadata, fit.groups, values, windows[a:b]) for a, b in zip(bounds, bounds[1:])]
+        return np.concatenate(self.pool.map(_replayed_errors, shares))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (taskset, a container's cpuset), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_worker_fits: dict[tuple[str, str], Fit] = {}  # a worker's models, loaded once
+
+
+def _replayed_errors(share: tuple) -> np.ndarray:
+    mjb, metadata, groups, values, windows = share
+    key = (mjb, repr(groups))
+    if key not in _worker_fits:
+        _worker_fits[key] = Fit(mjb, metadata, windows, [], groups)
+    return _worker_fits[key].errors(values, windows)
 
 
 def joint_groups(values: dict, groups: dict[str, str] | None) -> dict[str, dict]:
@@ -319,9 +370,10 @@ def _search(fit: Fit, start: np.ndarray, sigma: float, budget: int, seed: int, s
 
 
 def calibrate(log: str | Path | list, exported: str | Path, params: list[str], window_s: float = 0.5,
-              max_evaluations: int = 1200, bootstrap: int = 8, bootstrap_evaluations: int = 60, seed: int = 0,
+              max_evaluations: int = 2400, bootstrap: int = 8, bootstrap_evaluations: int = 60, seed: int = 0,
               out_dir: str | Path | None = None, groups: dict[str, str] | None = None, say=print,
-              task: dict | None = None, hung: bool | list[bool] = True, actuator_network: bool = False) -> dict:
+              task: dict | None = None, hung: bool | list[bool] = True, actuator_network: bool = False,
+              workers: int | None = None) -> dict:
     """``legion calibrate`` as a function (module docstring). Returns the report it writes.
     ``task``: the run's ``task`` config (plain dicts) for the training overlay (:func:`training_overlay`).
     ``log``: a folder of logs, or several fitted together; ``hung``: whether the robot was hung in
@@ -330,7 +382,9 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
     ``actuator_network=True``: also an actuator network per joint group, learned from the logged
     tau_est (:func:`learn_actuator_networks`), written as ``actuator_network.npz`` (per group:
     ``actuator_network_<group>.npz``) and compared on the held-out windows with the nominal and the
-    fitted analytic motor; ValueError where the logs hold no joint_torque."""
+    fitted analytic motor; ValueError where the logs hold no joint_torque.
+    ``workers``: processes that share the replays (:class:`Workers`; default: every core this process may
+    use)."""
     from legion.sim2real.deploy.contract import PolicyContract
 
     exported = Path(exported)
@@ -355,6 +409,7 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
         network_split(windows)  # (too few windows: refused before the fit)
     held_out = windows[3::4]
     fitting = [w for i, w in enumerate(windows) if i % 4 != 3]
+    workers = workers or usable_cores()
     fit = Fit(exported / "robot.mjb", meta, fitting, names, groups)
     nominal = {n: fit.nominal(n) for n in names}
     # Logs of both kinds: the motors from the hung windows first (there the legs' motion is the
@@ -372,35 +427,39 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
         + (f" for the motors from the hung logs, then {max_evaluations // 4} for the body from the others"
            if len(stages) > 1 else "")
         + f", then a bootstrap of {bootstrap} x {bootstrap_evaluations}")
-    t0 = time.perf_counter()
-    best, evaluations = {}, 0
-    for stage, stage_windows, budget in stages:
-        stage_fit = Fit(exported / "robot.mjb", meta, stage_windows, stage, groups, fixed=best)
-        best, _ = stage_fit.search(budget, seed, say)
-        evaluations += stage_fit.evaluations
-    x, best_loss = fit.coordinates(best), fit.loss(best)
-    rng, resampled = np.random.default_rng(seed), []
-    for b in range(bootstrap):
-        sample = [fitting[i] for i in rng.integers(len(fitting), size=len(fitting))]
-        resampled.append(fit.values(_search(Fit(exported / "robot.mjb", meta, sample, names, groups), x, 0.05,
-                                            bootstrap_evaluations, seed + 1 + b, keep_start=False)[0]))
-        say(f"[calibrate] bootstrap {b + 1}/{bootstrap}")
-    profile = {}
-    for i, name in enumerate(names):  # the loss with this parameter alone moved 20% of its range either way
-        rises = []
-        for delta in (-0.2, 0.2):
-            moved = x.copy()
-            moved[i] = np.clip(moved[i] + delta, 0, 1)
-            if moved[i] != x[i]:
-                rises.append(fit.loss(fit.values(moved)) / best_loss - 1 if best_loss > 0 else np.inf)
-        low, high = PARAMETERS[_base(name)]
-        spread = [r[name] for r in resampled] or [best[name]]
-        half_width = (max(spread) - min(spread)) / 2
-        profile[name] = {"rise": float(min(rises)), "bootstrap": [float(min(spread)), float(max(spread))],
-                         "pinned": bool(min(rises) >= FLAT_RISE
-                                        and half_width <= 0.2 * max(abs(best[name]), 0.05 * (high - low)))}
-    rmse = {label: float(np.sqrt(np.mean(fit.errors(values, held_out)[:, 0])))
-            for label, values in (("nominal", nominal), ("calibrated", best))}
+    with Workers(workers) if workers > 1 else contextlib.nullcontext() as pool:
+        fit.workers = pool
+        t0 = time.perf_counter()
+        best, evaluations = {}, 0
+        for stage, stage_windows, budget in stages:
+            stage_fit = Fit(exported / "robot.mjb", meta, stage_windows, stage, groups, fixed=best, workers=pool)
+            best, _ = stage_fit.search(budget, seed, say)
+            evaluations += stage_fit.evaluations
+        x, best_loss = fit.coordinates(best), fit.loss(best)
+        rng, resampled = np.random.default_rng(seed), []
+        for b in range(bootstrap):
+            sample = [fitting[i] for i in rng.integers(len(fitting), size=len(fitting))]
+            refit = Fit(exported / "robot.mjb", meta, sample, names, groups, workers=pool)
+            resampled.append(fit.values(_search(refit, x, 0.05, bootstrap_evaluations, seed + 1 + b,
+                                                keep_start=False)[0]))
+            say(f"[calibrate] bootstrap {b + 1}/{bootstrap}")
+        profile = {}
+        for i, name in enumerate(names):  # the loss with this parameter alone moved 20% of its range either way
+            rises = []
+            for delta in (-0.2, 0.2):
+                moved = x.copy()
+                moved[i] = np.clip(moved[i] + delta, 0, 1)
+                if moved[i] != x[i]:
+                    rises.append(fit.loss(fit.values(moved)) / best_loss - 1 if best_loss > 0 else np.inf)
+            low, high = PARAMETERS[_base(name)]
+            spread = [r[name] for r in resampled] or [best[name]]
+            half_width = (max(spread) - min(spread)) / 2
+            profile[name] = {"rise": float(min(rises)), "bootstrap": [float(min(spread)), float(max(spread))],
+                             "pinned": bool(min(rises) >= FLAT_RISE
+                                            and half_width <= 0.2 * max(abs(best[name]), 0.05 * (high - low)))}
+        rmse = {label: float(np.sqrt(np.mean(fit.errors(values, held_out)[:, 0])))
+                for label, values in (("nominal", nominal), ("calibrated", best))}
+    fit.workers = None  # (ended)
     report = {"log": ", ".join(map(str, logs)), "export": str(exported), "windows": len(fitting),
               "held_out": len(held_out),
               "evaluations": evaluations + fit.evaluations, "bootstrap": bootstrap, "seconds": time.perf_counter() - t0,

@@ -290,6 +290,8 @@ def test_legion_calibrate_refuses_logs_it_cannot_use_by_name(go2, tmp_path):
         load_windows(tmp_path / "walking", names, dt, 0.5)
     code, _, err = legion_in_process("calibrate", f"run={go2['run']}", f"log={logs}", "params=kp_scale,mass")
     assert code != 0 and "params=kp_scale,mass: choose from kp_scale, kd_scale" in err
+    code, _, err = legion_in_process("calibrate", f"run={go2['run']}", f"log={logs}", "workers=0")
+    assert code != 0 and "workers=0: give a number of processes, 1 or more (or auto)" in err
 
 
 def test_calibrate_fits_joint_groups_apart(go2, tmp_path):
@@ -320,6 +322,24 @@ def test_calibrate_fits_joint_groups_apart(go2, tmp_path):
     calves = torch.tensor(["calf" in n for n in env.robot.joint_names])
     assert torch.allclose(scale[calves], torch.tensor(estimates["kp_scale@calf"]), rtol=1e-4)
     assert torch.allclose(scale[~calves], torch.tensor(estimates["kp_scale@upper"]), rtol=1e-4)
+
+
+def test_a_fit_replays_its_windows_in_worker_processes_to_the_same_loss(go2, tmp_path):
+    """`calibrate workers=`: an evaluation's windows shared among two processes give the loss and
+    the per-window errors of replaying them all here, to the last bit (each window starts from its
+    own logged state, whichever robot replayed the window before it)."""
+    from legion.sim2real.calibrate import Fit, Workers, fitted, load_windows
+
+    logs = _excitation_log(go2, Reality(latency_ms=Latency(5.0)), 3.0, tmp_path / "logs")
+    meta = go2["meta"]
+    windows = load_windows(logs, meta.joint_names, meta.control_dt, 0.5, True)
+    fit = Fit(go2["mjb"], meta, windows, fitted(["kp_scale", "latency_ms"]))
+    values = fit.values(np.array([0.3, 0.4]))
+    here = fit.errors(values)
+    with Workers(2) as workers:
+        fit.workers = workers
+        assert np.array_equal(fit.errors(values), here) and len(here) == len(windows) > 2
+        assert fit.loss(values) == Fit(go2["mjb"], meta, windows, fit.names).loss(values)
 
 
 def test_calibrate_finds_a_payload_from_a_standing_go2s_log(go2, tmp_path):
