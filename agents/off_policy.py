@@ -193,6 +193,8 @@ class OffPolicyLearner:
         self.target_heads = copy.deepcopy(self.critic.heads).requires_grad_(False)
         # TD3's target actor: a copy of the MLP (a recurrent one's reads the online actor's memory)
         self.target_actor = None if sac else copy.deepcopy(self.actor.mlp).requires_grad_(False)
+        # The policy evaluated and exported, where agent.off_policy.policy_average averages it
+        self.averaged = copy.deepcopy(self.actor).requires_grad_(False) if off.policy_average else None
         self.atoms = torch.linspace(off.v_min, off.v_max, off.num_atoms, device=device)
         self.actor_optimizer = torch.optim.AdamW(self.actor.parameters(), lr=off.actor_learning_rate,
                                                  weight_decay=off.weight_decay)
@@ -214,7 +216,7 @@ class OffPolicyLearner:
 
     def _weights(self) -> list[torch.Tensor]:
         """Every learned tensor and normalizer statistic, in one order on every rank."""
-        modules = (self.actor, self.critic, self.target_heads, self.target_actor)
+        modules = (self.actor, self.critic, self.target_heads, self.target_actor, self.averaged)
         return [t for m in modules if m is not None for t in m.state_dict().values()] + [self.log_alpha]
 
     # --- acting --------------------------------------------------------------------------------
@@ -308,7 +310,21 @@ class OffPolicyLearner:
                 if target is not None:
                     for t, o in zip(target.parameters(), online.parameters()):
                         t.lerp_(o, off.tau)
+            if actor_step and self.averaged is not None:
+                for a, o in zip(self.averaged.parameters(), self.actor.parameters()):
+                    a.lerp_(o, off.policy_average)
         return losses
+
+    @property
+    def policy(self):
+        """The policy play, eval and export run: the actor, or its average
+        (``agent.off_policy.policy_average``) with the actor's observation normalizer."""
+        if self.averaged is None:
+            return self.actor
+        with torch.no_grad():
+            for mine, actors in zip(self.averaged.buffers(), self.actor.buffers()):
+                mine.copy_(actors)
+        return self.averaged
 
     def _replay_sequences(self, buffer: ReplayBuffer, grad: bool) -> tuple[Batch, torch.Tensor, torch.Tensor]:
         """A recurrent actor's batch (R2D2): ``batch_size / sequence_length`` windows of ``burn_in +
@@ -432,6 +448,8 @@ class OffPolicyLearner:
                  "updates": self.updates, "normalized": self.normalized}
         if self.target_actor is not None:
             state["target_actor"] = self.target_actor.state_dict()
+        if self.averaged is not None:
+            state["averaged_actor"] = self.averaged.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -443,6 +461,8 @@ class OffPolicyLearner:
         self.target_heads.load_state_dict(state["target_heads"])
         if self.target_actor is not None:
             self.target_actor.load_state_dict(state["target_actor"])
+        if self.averaged is not None:  # (a checkpoint trained without: the average starts at its actor)
+            self.averaged.load_state_dict(state.get("averaged_actor", state["actor_state_dict"]))
         self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
@@ -510,7 +530,7 @@ class OffPolicyRunner(Runner):
 
     @property
     def policy(self) -> MLPModel:
-        return self.learner.actor
+        return self.learner.policy
 
     def _memory_models(self) -> dict:
         return {"actor": self.learner.acting}

@@ -499,6 +499,10 @@ class OffPolicy:
     # td3: each env explores with Gaussian noise of its own std, drawn in this range at its resets
     # (FastTD3's mixed noise: some envs nearly greedy, some exploring) [x action_bound]
     exploration_noise: list[float] = field(default_factory=lambda: [0.01, 0.4])
+    # The policy play, eval and export run: 0: the actor as it last learned; else an exponential
+    # average of its weights, average += policy_average * (actor - average) at every actor step (the
+    # actor's last update moves it; the average over ~1/policy_average steps is steadier)
+    policy_average: float = 0.0
     target_noise: float = 0.2  # td3: target policy smoothing noise [x action_bound] ...
     target_noise_clip: float = 0.5  # ... clipped to this
     init_alpha: float = 0.1  # sac: the entropy temperature's start, then tuned to ...

@@ -171,6 +171,9 @@ def _off_policy_problems(agent: schema.Agent) -> list[str]:
     for key, value in (("gamma", off.gamma), ("tau", off.tau)):
         if not 0 < value <= 1:
             problems.append(f"agent.off_policy.{key}={value}: must be in (0, 1]")
+    if not 0 <= off.policy_average <= 1:
+        problems.append(f"agent.off_policy.policy_average={off.policy_average}: must be in [0, 1] (0: the actor "
+                        "itself is the policy)")
     if len(off.exploration_noise) != 2 or not 0 <= off.exploration_noise[0] <= off.exploration_noise[1]:
         problems.append(f"agent.off_policy.exploration_noise={list(off.exploration_noise)}: give [low, high] with "
                         "0 <= low <= high")

@@ -324,6 +324,37 @@ def test_off_policy_checkpoints_resume_bit_for_bit(tmp_path, actor):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("learner", ["sac", "td3"])
+def test_the_policy_is_the_exponential_average_of_the_actor_at_its_steps_and_resumes(tmp_path, learner):
+    """agent.off_policy.policy_average=0.25: after every actor step (every policy_delay-th update) the
+    policy's weights move a quarter of the way to the actor's, as computed here from the actor's
+    weights after each; its normalizer is the actor's; a checkpoint restores the average."""
+    overrides = (*SMALL, f"agent={learner}", "agent.off_policy.policy_average=0.25")
+    runner = make_runner(*overrides, log_dir=tmp_path)
+    runner.learn(2)
+    learner_, buffer = runner.learner, runner.buffer
+    expected = [p.detach().clone() for p in runner.policy.parameters()]
+    for _ in range(2 * learner_.cfg.policy_delay):
+        actor_step = (learner_.updates + 1) % learner_.cfg.policy_delay == 0
+        learner_.update(buffer)
+        if actor_step:
+            expected = [e + 0.25 * (a.detach() - e) for e, a in zip(expected, learner_.actor.parameters())]
+    policy = runner.policy
+    assert policy is not learner_.actor
+    for mine, wanted in zip(policy.parameters(), expected, strict=True):
+        assert torch.allclose(mine, wanted, atol=1e-6)
+    gap = sum(float((a.detach() - m).abs().sum()) for a, m in zip(learner_.actor.parameters(), policy.parameters()))
+
+    assert gap > 1e-3  # (an average, not the actor)
+    for mine, actors in zip(policy.buffers(), learner_.actor.buffers(), strict=True):
+        assert torch.equal(mine, actors)
+    runner.save(tmp_path / "averaged.pt")
+    loaded = make_runner(*overrides)
+    loaded.load(tmp_path / "averaged.pt")
+    for mine, saved in zip(loaded.policy.parameters(), policy.parameters(), strict=True):
+        assert torch.equal(mine, saved)
+
+
 def test_async_holds_the_update_to_data_ratio_both_ways_and_resumes(tmp_path):
     """agent.mode=async (an actor and a learner thread), 3 updates per env step, at most 2 env
     steps' worth of updates behind: no update runs before the env steps that allow it, the actor
@@ -367,10 +398,12 @@ def test_a_ppo_checkpoint_is_refused_by_an_off_policy_run_naming_both(tmp_path):
 def test_off_policy_configs_it_cannot_run_are_refused_by_name():
     with pytest.raises(ConfigError) as e:
         api.validate(compose("task=cartpole", "agent=sac", "agent.mode=dagger", "agent.off_policy.gamma=1.5",
-                             "agent.critic.rnn.type=gru", "agent.off_policy.exploration_noise=[0.5,0.1]"))
+                             "agent.critic.rnn.type=gru", "agent.off_policy.exploration_noise=[0.5,0.1]",
+                             "agent.off_policy.policy_average=2"))
     message = str(e.value)
     for expected in ("agent.mode=dagger: agent.learner=sac trains with agent.mode=sync", "agent.off_policy.gamma=1.5",
-                     "takes feed-forward critics", "agent.off_policy.exploration_noise=[0.5, 0.1]"):
+                     "takes feed-forward critics", "agent.off_policy.exploration_noise=[0.5, 0.1]",
+                     "agent.off_policy.policy_average=2.0: must be in [0, 1]"):
         assert expected in message
     with pytest.raises(ConfigError) as e:
         api.validate(compose("task=cartpole", "agent=td3", *LSTM, "agent.off_policy.prioritized=true",
@@ -389,8 +422,9 @@ def test_off_policy_configs_it_cannot_run_are_refused_by_name():
 
 def test_legion_train_td3_then_export_carries_the_squashing_into_onnx_and_the_runtime_runs_it(tmp_path):
     """`legion train agent=td3` on the quadruped, `legion export`: the ONNX graph ends in tanh times
-    the action bound; the edge runtime's actions equal the trained actor's and stay in the bound;
-    `legion eval` measures it as it measures PPO's."""
+    the action bound; the edge runtime's actions equal the trained policy's (the actor's average,
+    agent.off_policy.policy_average, not the actor) and stay in the bound; `legion eval` measures it
+    as it measures PPO's."""
     import onnx
 
     from legion.sim2real.deploy import OnnxPolicy
@@ -399,7 +433,8 @@ def test_legion_train_td3_then_export_carries_the_squashing_into_onnx_and_the_ru
     code, out, err = legion_in_process("train", "task=quadruped_flat", "agent=td3", "sim.num_envs=8",
                                        "agent.max_iterations=2", "agent.num_steps_per_env=4",
                                        "agent.off_policy.batch_size=64", "agent.off_policy.learning_starts=2",
-                                       "agent.off_policy.action_bound=2.5", f"hydra.run.dir={run}")
+                                       "agent.off_policy.action_bound=2.5", "agent.off_policy.policy_average=0.5",
+                                       f"hydra.run.dir={run}")
     assert code == 0, err[-2000:]
     assert "TD3 (replay 1000 steps per env, batch 64, 2 updates per step, in " in out
     assert "[it 2/2]" in out and "critic loss" in out
@@ -411,9 +446,9 @@ def test_legion_train_td3_then_export_carries_the_squashing_into_onnx_and_the_ru
     loaded = api.load_run(run, num_envs=8)
     obs = loaded.env.get_observations()
     with torch.inference_mode():
-        expected = loaded.runner.policy(obs).numpy()
+        expected, actor = loaded.runner.policy(obs).numpy(), loaded.runner.learner.actor(obs).numpy()
     actions, _ = OnnxPolicy(run / "exported" / "policy.onnx")(obs["policy"].numpy())
-    assert np.abs(actions - expected).max() <= 1e-5
+    assert np.abs(actions - expected).max() <= 1e-5 < np.abs(actions - actor).max()
     assert np.abs(actions).max() <= 2.5
     code, out, err = legion_in_process("eval", f"run={run}", "envs=1", "duration_s=0.5", "settle_s=0.2",
                                        'commands={"forward": [0.5, 0, 0]}')
