@@ -58,6 +58,9 @@ def motor_gains(metadata: PolicyContract) -> tuple[np.ndarray, ...]:
             np.array([a.velocity_limit or np.nan for a in motors], np.float64))
 
 
+HUNG_BASE_ARMATURE = 1e6  # [kg, kg m^2] on a hung base's DOFs (hang)
+
+
 def find_id(model, objtype, name: str, others=()) -> int:
     """The id of ``name``, or of the one object whose name ends with ``_name`` or ``/name``
     (Newton prefixes the names it imports with the model's, e.g. ``go2_description_FL_hip_joint``,
@@ -345,6 +348,11 @@ class MuJoCoRobot:
         physics step on."""
         height = (self.metadata.default_root_height or 0.0) + clearance
         self.held_base = np.array([0.0, 0.0, height, 1.0, 0.0, 0.0, 0.0])
+        if self.floating:
+            # Held in place at each step, the base would still move within one, and the legs swing
+            # against its own inertia, which a payload changes (a payload's Go2 then fitted 1.11x
+            # calf kp); on a gantry they swing against the world's: immense on its six DOFs.
+            self.model.dof_armature[0:6] = HUNG_BASE_ARMATURE
 
     def mj_step(self) -> None:
         """One MuJoCo step (the base held where :meth:`hang` put it)."""
