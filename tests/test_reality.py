@@ -365,6 +365,26 @@ def test_a_fit_replays_its_windows_in_worker_processes_to_the_same_loss(go2, tmp
         assert fit.loss(values) == Fit(go2["mjb"], meta, windows, fit.names).loss(values)
 
 
+def test_the_drivers_gains_come_straight_from_the_logged_torques(go2, tmp_path):
+    """The search's start: calves at 70% kp and 150% kd, the rest at 90% / 80%, 5 ms of latency:
+    least squares on tau_est = kp (q* - q) - kd dq gives each group's within 10% from 4 s of chirp
+    hung (measured: at most 7.2%; the joints' velocity changes within the step before a tick) and
+    within 2% standing (0.7%), where the motion alone lets latency trade against the gains."""
+    from legion.sim2real.calibrate import Fit, fitted, load_windows
+    from legion.sim2real.reality import Joints
+
+    truth = Reality(latency_ms=Latency(5.0), joints={".*_calf_joint": Joints(kp_scale=0.7, kd_scale=1.5),
+                                                     ".*": Joints(kp_scale=0.9, kd_scale=0.8)})
+    groups = {"calf": ".*_calf_joint", "upper": ".*_(hip|thigh)_joint"}
+    expected = {"kp_scale@calf": 0.7, "kd_scale@calf": 1.5, "kp_scale@upper": 0.9, "kd_scale@upper": 0.8}
+    meta = go2["meta"]
+    for hung, amplitude, tolerance in ((True, 0.15, 0.10), (False, 0.05, 0.02)):
+        logs = _excitation_log(go2, truth, 4.0, tmp_path / str(hung), amplitude, hung=hung)
+        windows = load_windows(logs, meta.joint_names, meta.control_dt, 0.5, hung)
+        fit = Fit(go2["mjb"], meta, windows, fitted(["kp_scale", "kd_scale", "latency_ms"], groups), groups)
+        assert fit.torque_gains() == pytest.approx(expected, rel=tolerance)
+
+
 def test_calibrate_finds_a_payload_from_a_standing_go2s_log(go2, tmp_path):
     """A Go2 carrying 2.5 kg on its base 4 cm forward of the base's centre of mass, its drivers at
     90% kp, standing on the floor through a small chirp (hung=false: every window started from the

@@ -40,9 +40,10 @@ task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calib
   bootstrap=8       refits for the spread (60 evaluations each; 0: none)
   evaluations=2400  CMA-ES's budget (one evaluation replays every window once; ~10 per second and
                     core on a Go2 with 8 s of logs), spent in searches of 600 started in turn from
-                    the nominal model and from the middle of every prior, each pair with its own
-                    seed, the lowest loss kept: one search can stop in a local minimum where the
-                    latency trades against the gains (a worn Go2's calves at 1.22x kp for 0.85x)
+                    the nominal model (its gains fitted to the logged torques, where there are any)
+                    and from the middle of every prior, each pair with its own seed, the lowest
+                    loss kept: one search can stop in a local minimum where the latency trades
+                    against the gains (a worn Go2's calves at 1.22x kp for 0.85x)
   workers=auto      processes that replay the windows in parallel (auto: every core this process
                     may use; 1: none)
   actuator_network=false
