@@ -308,16 +308,18 @@ class Fit:
         about :data:`SEARCH_EVALUATIONS` each (two at least), started in turn from the nominal model
         (its own armature; its gains those of the logged torques, :meth:`torque_gains`, searched
         about with a step of 0.1 of each prior) and from the middle of every prior (0.3), each pair
-        with the next seed; the lowest loss kept. The loss has local minima where latency trades
-        against the gains: on a worn Go2's logs searches from the nominal gains or the middle of
-        the priors stopped with its calves at 1.22x kp for 0.85x (4.9 ms of latency for 8) or at
-        1.67x kd for 1.2x, at 1.4-3.4x the loss of the truth's neighbourhood; from the torques'
-        gains with the smaller step one seed of two found it."""
+        with the next seed; the lowest loss kept, the nominal model's included. The loss has local
+        minima where latency trades against the gains: on a worn Go2's logs searches from the
+        nominal gains or the middle of the priors stopped with its calves at 1.22x kp for 0.85x
+        (4.9 ms of latency for 8) or at 1.67x kd for 1.2x, at 1.4-3.4x the loss of the truth's
+        neighbourhood; from the torques' gains with the smaller step one seed of two found it."""
         nominal = {n: self.nominal(n) for n in self.names}
         starts = [(self.coordinates(nominal | self.torque_gains()), 0.1), (np.full(len(self.names), 0.5), 0.3)]
         searches = max(2, round(budget / SEARCH_EVALUATIONS))
-        x, loss = min((_search(self, starts[i % 2][0], starts[i % 2][1], budget // searches, seed + i // 2, say)
-                       for i in range(searches)), key=lambda found: found[1])
+        found = [_search(self, starts[i % 2][0], starts[i % 2][1], budget // searches, seed + i // 2, say)
+                 for i in range(searches)]
+        model = self.coordinates(nominal)  # (a robot the model describes keeps the model)
+        x, loss = min([*found, (model, self.loss(self.values(model)))], key=lambda result: result[1])
         return self.values(x), loss
 
 
