@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import queue
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from legion.agents.runner import StopRequests
 from legion.tasks.env import LegionEnv
 from legion.tasks.mdp.commands import PositionCommand
 
@@ -272,17 +274,21 @@ def watch_policy(loaded, host: str = "127.0.0.1", port: int = 8080, steps: int |
     if on_ready is not None:
         on_ready(viewer)
     obs, done = env.get_observations(), 0
+    # Ctrl-C as a flag, not a KeyboardInterrupt that a Warp array's finalizer can swallow (runner.py)
+    stop = StopRequests(threading.Event())
     try:
-        while viewer.running and (steps is None or done < steps):
-            if viewer.apply_requests():
-                obs = env.get_observations()
-            if viewer.should_step():
-                with torch.inference_mode():
-                    obs, _, dones, _ = env.step(policy(obs))
-                    policy.reset(dones)  # a recurrent policy's state ends with its episode
-                done += 1
-            viewer.show(env.step_dt)
-            viewer.pace(env.step_dt)
+        with stop:
+            while viewer.running and not stop.event.is_set() and (steps is None or done < steps):
+                if viewer.apply_requests():
+                    obs = env.get_observations()
+                if viewer.should_step():
+                    with torch.inference_mode():
+                        obs, _, dones, _ = env.step(policy(obs))
+                        policy.reset(dones)  # a recurrent policy's state ends with its episode
+                    done += 1
+                viewer.show(env.step_dt)
+                viewer.pace(env.step_dt)
+        stop.raise_if_requested()  # (the caller's KeyboardInterrupt)
     finally:
         viewer.close()
     return viewer
@@ -337,12 +343,14 @@ class ReplayView:
 
     def serve_until_stopped(self) -> None:
         """Keeps the live view open on the last frame until Ctrl-C."""
+        stop = StopRequests(threading.Event())
         try:
-            while self.view is not None and self.view.running:
-                self.view.apply_requests()
-                self.view.show(0.0)
-                time.sleep(0.1)
-        except KeyboardInterrupt:
+            with stop:
+                while self.view is not None and self.view.running and not stop.event.is_set():
+                    self.view.apply_requests()
+                    self.view.show(0.0)
+                    time.sleep(0.1)
+        except KeyboardInterrupt:  # (a second Ctrl-C)
             pass
         self.close()
 
