@@ -1,7 +1,7 @@
 """Asynchronous PPO: the actor collects rollout k+1 while the learner updates on rollout k.
 
     main thread     starts both workers, books telemetry, writes snapshots, re-raises errors,
-                    stops both on Ctrl-C or SIGTERM (legion.agents.runner.StopRequests)
+                    stops both on Ctrl-C or SIGTERM (legion.StopRequests)
     actor thread    steps the env with a copy of the policy into rollout buffer k % (L + 1)
     learner thread  takes finished rollouts in order, corrects for their lag, runs rsl-rl's
                     PPO update, publishes the new policy version
@@ -172,7 +172,7 @@ class AsyncRunner(Runner):
         Returns when the learner is done; re-raises the first error of either worker with its
         own traceback; on Ctrl-C or SIGTERM stops both within an env step or a mini-batch, writes
         a snapshot of the last published version and raises
-        :class:`~legion.agents.runner.Interrupted`.
+        :class:`~legion.Interrupted`.
         """
         self._begin(max_iterations)
         self.ppo.train_mode()

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import threading
 import time
 from pathlib import Path
 
 import torch
 
+from legion import StopRequests
 from legion.agents.checkpoints import (
     CheckpointError,
     load_checkpoint,
@@ -43,18 +43,6 @@ from legion.agents.telemetry import RolloutStats, TrainingLog
 from legion.configs.schema import Agent
 
 
-class Interrupted(KeyboardInterrupt):
-    """Training stopped on Ctrl-C (SIGINT) or SIGTERM, after writing a checkpoint.
-
-    Attributes:
-        signal_name: ``"SIGINT"`` or ``"SIGTERM"``.
-    """
-
-    def __init__(self, signal_name: str):
-        super().__init__(signal_name)
-        self.signal_name = signal_name
-
-
 class TrainingDiverged(RuntimeError):
     """Training stopped because it cannot go on (non-finite physics or losses beyond the
     configured limits), after writing a checkpoint of the last good state. The message names the
@@ -66,49 +54,6 @@ PHYSICS_CAUSES = ("Likely causes: a time step too large for the contacts and gai
                   "scale too high, or no gains at all (check the robot's actuators: task.scene.robot.actuators; a "
                   "URDF carries none, so its joints go limp and the robot collapses), masses or inertias too small "
                   "(a randomization range at an extreme), an unstable robot model.")
-
-
-class StopRequests:
-    """Ctrl-C and SIGTERM (e.g. a cluster preempting the job) while training, as a flag.
-
-    The handlers only set ``event``; the training loop checks it between env steps and mini-batches,
-    then stops cleanly. Why not Python's KeyboardInterrupt: Python raises it in whatever Python
-    code the main thread runs when it handles the signal, and when that code is a finalizer the
-    garbage collector runs (a ``__del__``, a generator being closed), Python reports "Exception
-    ignored" and drops it. That is how one Ctrl-C went missing and a continuous async run kept
-    writing snapshots for 31 minutes. A flag cannot be lost. A second Ctrl-C raises
-    KeyboardInterrupt at once, for a loop that does not come back to check.
-
-    Handlers are installed only in the main thread (Python delivers signals there only).
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, event: threading.Event):
-        self.event = event
-        self.signal_name: str | None = None
-        self._previous: dict = {}
-
-    def _handle(self, signum, frame) -> None:
-        if self.event.is_set() and signum == signal.SIGINT and self.signal_name is not None:
-            raise KeyboardInterrupt  # asked twice
-        self.signal_name = signal.Signals(signum).name
-        self.event.set()
-
-    def __enter__(self) -> StopRequests:
-        self.signal_name = None
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous = {}
-
-    def raise_if_requested(self) -> None:
-        if self.signal_name is not None:
-            raise Interrupted(self.signal_name)
 
 
 class UpdateThreads:
@@ -407,7 +352,7 @@ class Runner:
         """Trains until ``max_iterations`` iterations are complete (``None``: until stopped).
 
         Ctrl-C or SIGTERM stops at the next env step or mini-batch, writes a checkpoint of the
-        last complete iteration and raises :class:`Interrupted`.
+        last complete iteration and raises :class:`legion.Interrupted`.
         """
         env, ppo, stats = self.env, self.ppo, self.stats
         self._begin(max_iterations)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from legion.agents.runner import StopRequests
+from legion import StopRequests
 from legion.tasks.env import LegionEnv
 from legion.tasks.mdp.commands import PositionCommand
 

@@ -31,6 +31,7 @@ import numpy as np
 from cyclonedds.pub import DataWriter
 from cyclonedds.topic import Topic
 
+from legion import StopRequests
 from legion.sim2real.deploy.contract import PolicyContract
 from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot, find_id
 from legion.sim2real.deploy.unitree import (
@@ -167,23 +168,26 @@ class UnitreeBridge:
 
     def run(self, duration_s: float | None = None, status=None, should_stop=lambda: False) -> dict:
         """Ticks in real time for ``duration_s`` (None: until ``should_stop()`` or Ctrl-C).
-        ``status(bridge)`` is called once a second. Returns :meth:`summary`."""
+        ``status(bridge)`` is called once a second. Returns :meth:`summary`. Ctrl-C and SIGTERM
+        are a flag checked every tick (:class:`legion.StopRequests`), which no finalizer can swallow."""
         start = next_tick = time.perf_counter()
         next_status = start + 1.0
         try:
-            while not should_stop() and (duration_s is None or time.perf_counter() - start < duration_s):
-                self.tick()
-                next_tick += self.period
-                now = time.perf_counter()
-                if next_tick > now:
-                    time.sleep(next_tick - now)
-                elif now - next_tick > self.period:  # more than a tick late: count it, do not burst
-                    self.behind += 1
-                    next_tick = now
-                if status is not None and now >= next_status:
-                    status(self)
-                    next_status += 1.0
-        except KeyboardInterrupt:
+            with StopRequests() as requests:
+                while not (should_stop() or requests.event.is_set()) and (
+                        duration_s is None or time.perf_counter() - start < duration_s):
+                    self.tick()
+                    next_tick += self.period
+                    now = time.perf_counter()
+                    if next_tick > now:
+                        time.sleep(next_tick - now)
+                    elif now - next_tick > self.period:  # more than a tick late: count it, do not burst
+                        self.behind += 1
+                        next_tick = now
+                    if status is not None and now >= next_status:
+                        status(self)
+                        next_status += 1.0
+        except KeyboardInterrupt:  # a second Ctrl-C, within a tick
             pass
         return self.summary()
 

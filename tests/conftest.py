@@ -1,9 +1,12 @@
 """Shared test setup: one Warp kernel cache for the whole suite, one torch thread, quiet Warp."""
 
+import _thread
 import dataclasses
+import gc
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +25,29 @@ from legion import api, configs  # noqa: E402
 from legion.configs import compose, schema  # noqa: E402  (for the tests)
 
 api.setup_process()  # quiet Warp, the kernel cache above
+
+def ctrl_c_inside_a_finalizer() -> float:
+    """Ctrl-C handled while a finalizer's Python code runs, as when the garbage collector frees
+    cyclic garbage in the main thread: a KeyboardInterrupt raised there cannot propagate (Python
+    says "Exception ignored" and drops it), so a loop that relies on it runs on. Returns when the
+    finalizer ended (``time.perf_counter()``)."""
+    ended = []
+
+    class Finalized:
+        def __del__(self):
+            try:
+                _thread.interrupt_main()  # the signal is handled while this finalizer runs ...
+                for _ in range(10_000):  # ... here, where an exception cannot propagate
+                    pass
+            finally:
+                ended.append(time.perf_counter())
+
+    garbage = Finalized()
+    garbage.cycle = garbage  # only the cyclic garbage collector frees it
+    del garbage
+    gc.collect()  # (a full collection holds the interpreter for up to seconds on a big heap)
+    return ended[0]
+
 
 # --- learning tests -------------------------------------------------------------------------------
 # A learning test trains briefly and checks that the policy got better. It takes the `seed` fixture

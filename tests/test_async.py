@@ -3,7 +3,6 @@ slow learner or a slow actor, V-trace targets, errors and Ctrl-C stop both threa
 killed run resumes at the next iteration with its learning rate and normalizer statistics."""
 
 import _thread
-import gc
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import traceback
 import pytest
 import torch
 
-from conftest import ROOT, compose, make_env, make_runner
+from conftest import ROOT, compose, ctrl_c_inside_a_finalizer, make_env, make_runner
 from legion.agents.async_runner import AsyncRunner
 from legion.agents.checkpoints import latest_checkpoint, load_checkpoint
 from legion.agents.ppo import RolloutBuffer, build_behaviour_ppo, build_ppo, compute_returns_off_policy, vtrace
@@ -276,18 +275,6 @@ def test_timed_snapshots_and_ctrl_c_snapshot_are_consistent(env, tmp_path):
         assert ("env" in checkpoint) == hasattr(env, "state_dict")  # randomization ranges, curriculum
 
 
-class _Finalized:
-    """An object whose finalizer is running when Ctrl-C arrives; ``handled_at``: when it finished."""
-
-    handled_at: list = []
-
-    def __del__(self):
-        _thread.interrupt_main()  # the signal is handled while the finalizer's Python code runs ...
-        for _ in range(10_000):  # ... here, where an exception cannot propagate
-            pass
-        _Finalized.handled_at.append(time.perf_counter())
-
-
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_ctrl_c_handled_inside_a_finalizer_still_stops_training_within_a_second(env, tmp_path, mode):
     """Python drops a KeyboardInterrupt raised inside a finalizer ("Exception ignored"): that is
@@ -295,16 +282,12 @@ def test_ctrl_c_handled_inside_a_finalizer_still_stops_training_within_a_second(
     continuous run went on writing snapshots. The runners turn the signal into a flag instead:
     the envs stop stepping within a second, then the checkpoint is written."""
     runner = _runner(f"agent.mode={mode}", env=env, log_dir=tmp_path)
-    record, step, stepped_at = runner.log.record, env.step, []
-    _Finalized.handled_at.clear()
+    record, step, stepped_at, handled = runner.log.record, env.step, [], []
 
     def record_then_collect(report):
         record(report)
         if report["iteration"] == 2:
-            garbage = _Finalized()
-            garbage.cycle = garbage  # only the cyclic garbage collector frees it
-            del garbage
-            gc.collect()  # (a full collection holds the interpreter for up to seconds on a big heap)
+            handled.append(ctrl_c_inside_a_finalizer())
 
     def timed_step(actions):
         stepped_at.append(time.perf_counter())
@@ -316,7 +299,7 @@ def test_ctrl_c_handled_inside_a_finalizer_still_stops_training_within_a_second(
             runner.learn(None)  # until stopped
     finally:
         del env.step
-    handled_at = _Finalized.handled_at[0]
+    handled_at = handled[0]
     assert stepped_at[-1] - handled_at < 1.0 and time.perf_counter() - handled_at < 10.0
     assert _no_worker_threads()
     assert latest_checkpoint(tmp_path).name == f"model_{runner.iteration}.pt" and runner.iteration >= 2

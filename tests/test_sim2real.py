@@ -14,7 +14,7 @@ import onnx
 import pytest
 import torch
 
-from conftest import ROOT, export_untrained_run, lockstep_errors
+from conftest import ROOT, ctrl_c_inside_a_finalizer, export_untrained_run, lockstep_errors
 
 LEGION = [sys.executable, "-m", "legion"]
 
@@ -553,6 +553,20 @@ def test_a_timestamp_ahead_of_the_loop_clock_or_from_another_clock_stops_naming_
                                                             "another clock than the loop's now()")):
         loop.stopped, loop.now, driver.clock, driver.offset = None, now, stamp, 0.0
         assert loop.step() == "stop" and message in loop.stopped
+
+
+def test_ctrl_c_inside_a_finalizer_stops_the_control_loop_before_its_next_tick(driver_loop):
+    """Ctrl-C is a flag the loop checks every tick: even handled inside a finalizer (where Python
+    drops a KeyboardInterrupt and a loop waiting for one ran on to its end), the loop stops, damps
+    and returns, and the process's own Ctrl-C handler is back."""
+    import signal
+
+    loop, driver = driver_loop
+    handler = signal.getsignal(signal.SIGINT)
+    driver.faults[5] = lambda where, state: (ctrl_c_inside_a_finalizer(), state)[1] if where == "read_state" else state
+    summary = loop.run(50, np.array([0.5, 0.0, 0.0], np.float32))
+    assert loop.stopped == "interrupted" and driver.reads == 5 and driver.damped == 1
+    assert summary["policy"] == 5 and signal.getsignal(signal.SIGINT) is handler
 
 
 FAULTS = ("read_state", "write_targets", "a malformed state", "no timestamp", "command")

@@ -16,7 +16,7 @@ import cyclonedds.idl as idl
 import numpy as np
 import pytest
 
-from conftest import export_untrained_run
+from conftest import ctrl_c_inside_a_finalizer, export_untrained_run
 from legion.sim2real.deploy import ControlLoop, PolicyRunner, StateError
 from legion.sim2real.deploy import unitree as u
 from legion.tasks.sim import resolve_asset
@@ -240,6 +240,30 @@ def test_legion_deploy_against_the_bridge_status_log_and_ctrl_c_damps(bridge, go
     torque = episode["joint_torque"]  # (NaN rows: ticks after the stop, where no state was read)
     assert torque.shape == episode["joint_pos"].shape and np.nanmax(np.abs(torque)) > 1
     assert 5 < np.nanmedian(np.linalg.norm(episode["base_accel"], axis=1)) < 15  # gravity's 9.81, standing/walking
+
+
+def test_ctrl_c_inside_a_finalizer_stops_deploy_and_the_bridge(bridge, go2_export):
+    """Ctrl-C as a flag in both loops that run until stopped: deploy's policy phase (its status
+    line runs between ticks) and a bridge ticking in the main thread (its status, once a second).
+    Handled inside a finalizer, a KeyboardInterrupt would be dropped and both would run on to
+    their 20 s."""
+    from legion.sim2real.bridge import UnitreeBridge
+
+    def say(line):
+        if line.startswith("[deploy] policy ") and " Hz " in line:
+            ctrl_c_inside_a_finalizer()
+
+    start = time.monotonic()
+    result = u.deploy(go2_export, "go2", DOMAIN, "lo", command=(0.5, 0.0, 0.0), duration_s=20, stand_s=0.3,
+                      hold_s=0.2, confirm=False, say=say)
+    assert result["stopped"] == "interrupted" and time.monotonic() - start < 10
+    assert bridge.last_command.motor_cmd[0].kp == 0 and bridge.last_command.motor_cmd[0].kd > 0  # damping
+
+    alone = UnitreeBridge(go2_export, "go2", domain=DOMAIN + 50, interface="lo")
+    start = time.monotonic()
+    summary = alone.run(20, status=lambda b: ctrl_c_inside_a_finalizer())
+    alone.close()
+    assert time.monotonic() - start < 5 and 0 < summary["ticks"] < 3 / alone.period
 
 
 def test_legion_bridge_command_serves_a_client(go2_export):

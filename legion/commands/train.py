@@ -78,9 +78,9 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
     by torchrun as one of several ranks, it joins the process group
     (:mod:`legion.agents.distributed`): rank 0 reads the checkpoint and alone writes the run folder.
     """
+    from legion import Interrupted
     from legion.agents import distributed
     from legion.agents.checkpoints import CheckpointError, latest_good_checkpoint, load_checkpoint
-    from legion.agents.runner import Interrupted
 
     validate(cfg)
     saved, cfg = cfg, dataclasses.replace(cfg)  # this rank's device and seed change below; config.yaml keeps the run's

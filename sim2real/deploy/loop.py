@@ -24,7 +24,7 @@ Safety, in the order it is applied:
   :class:`~legion.sim2real.deploy.policy.StateError`), ``write_targets``, ``damp`` or the
   command function stops the loop the same way at once (``stopped`` names the exception and
   where it came from), then propagates unchanged, traceback included, out of :meth:`step`
-  and :meth:`run`. Ctrl-C stops the loop and :meth:`run` returns.
+  and :meth:`run`. Ctrl-C or SIGTERM stops the loop before the next tick and :meth:`run` returns.
 - Clamps on every target written: inside the joint limits (minus ``limit_margin``), and at
   most ``max_target_rate * dt`` away from the previous target.
 """
@@ -32,6 +32,7 @@ Safety, in the order it is applied:
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from legion import StopRequests
 from legion.sim2real.deploy.policy import NonFiniteError, StateError
 
 POLICY, HOLD, STOP = "policy", "hold", "stop"
@@ -250,25 +252,32 @@ class ControlLoop:
                                  self.stopped)
         return mode
 
-    def run(self, steps: int, command: Callable[[int], np.ndarray] | np.ndarray | None = None) -> dict:
+    def run(self, steps: int, command: Callable[[int], np.ndarray] | np.ndarray | None = None,
+            stop: threading.Event | None = None) -> dict:
         """``steps`` ticks at the control rate; ``command`` is fixed or a function of the tick.
 
-        Returns :meth:`LoopStats.summary`. Ctrl-C stops the loop (damping) and returns too; any
-        other exception stops it safely and propagates with its traceback.
+        Returns :meth:`LoopStats.summary`. Ctrl-C or SIGTERM stops the loop (damping) before the
+        next tick and returns too: the signal sets a flag (:class:`legion.StopRequests`; ``stop``, an
+        event of the caller's own requests to share), so it cannot be lost in a finalizer. Any other
+        exception stops it safely and propagates with its traceback.
         """
         next_tick = time.perf_counter()
         try:
-            for k in range(steps):
-                self.step(command(k) if callable(command) else command)
-                if self.realtime:
-                    next_tick += self.dt
-                    delay = next_tick - time.perf_counter()
-                    if delay > 0:
-                        time.sleep(delay)
-                    else:  # late: count it and re-anchor instead of bursting to catch up
-                        self.stats.misses += int(self.stats.latency[-1] <= self.dt)
-                        next_tick = time.perf_counter()
-        except KeyboardInterrupt:
+            with StopRequests(stop) as requests:
+                for k in range(steps):
+                    if requests.event.is_set():
+                        self._stop_on_error("interrupted")
+                        break
+                    self.step(command(k) if callable(command) else command)
+                    if self.realtime:
+                        next_tick += self.dt
+                        delay = next_tick - time.perf_counter()
+                        if delay > 0:
+                            time.sleep(delay)
+                        else:  # late: count it and re-anchor instead of bursting to catch up
+                            self.stats.misses += int(self.stats.latency[-1] <= self.dt)
+                            next_tick = time.perf_counter()
+        except KeyboardInterrupt:  # a second Ctrl-C, within a tick
             self._stop_on_error("interrupted")
         except BaseException as e:
             if self.stopped is None:  # not from step(), which stops safely itself: the command function

@@ -57,6 +57,7 @@ from cyclonedds.sub import DataReader
 from cyclonedds.topic import Topic
 from cyclonedds.util import duration
 
+from legion import StopRequests
 from legion.sim2real.deploy.policy import StateError, quat_rotate_inverse
 
 LOWSTATE, LOWCMD, SPORTSTATE = "rt/lowstate", "rt/lowcmd", "rt/sportmodestate"
@@ -730,6 +731,8 @@ def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = 
                 raise StateError(f"{LOWSTATE} is {age * 1e3:.0f} ms old (limit {safety.damp_after_s * 1e3:.0f} ms): "
                                  "the robot stopped publishing")
             action(t)
+            if requests.event.is_set():
+                raise KeyboardInterrupt  # here, between two ticks, where it is safe to stop
             next_tick += dt
             time.sleep(max(0.0, next_tick - time.perf_counter()))
 
@@ -739,59 +742,60 @@ def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = 
             time.sleep(dt)
 
     stopped, summary, log_paths = None, {}, []
-    try:
-        if confirm:
-            say("[deploy] damping (kp = 0). Press Enter to stand up; Ctrl-C exits.")
-            paced(None, lambda t: unitree.damp(), until_enter=True)
-        start_pose = unitree.read_state()["joint_pos"]
-        say(f"[deploy] standing up over {stand_s:g} s")
-        paced(stand_s, lambda t: unitree.write_targets(start_pose + (default - start_pose) * min(1.0, t / stand_s)),
-              until_enter=False)
-        say("[deploy] holding the default pose" + (": press Enter to start the policy" if confirm else ""))
-        paced(hold_s, lambda t: unitree.write_targets(default), until_enter=confirm)
-        with TrajectoryLog(log_dir, runner) if log_dir else nullcontext() as log:
+    with StopRequests() as requests:  # Ctrl-C as a flag the phases check, never lost in a finalizer
+        try:
+            if confirm:
+                say("[deploy] damping (kp = 0). Press Enter to stand up; Ctrl-C exits.")
+                paced(None, lambda t: unitree.damp(), until_enter=True)
+            start_pose = unitree.read_state()["joint_pos"]
+            say(f"[deploy] standing up over {stand_s:g} s")
+            paced(stand_s, lambda t: unitree.write_targets(start_pose + (default - start_pose) * min(1.0, t / stand_s)),
+                  until_enter=False)
+            say("[deploy] holding the default pose" + (": press Enter to start the policy" if confirm else ""))
+            paced(hold_s, lambda t: unitree.write_targets(default), until_enter=confirm)
+            with TrajectoryLog(log_dir, runner) if log_dir else nullcontext() as log:
 
-            def phase(acting, ticks: int | None, label: str) -> str | None:
-                """``acting`` (the policy, or an excitation) in the control loop for ``ticks`` (None: until
-                Ctrl-C), a status line a second, one log episode; returns why the loop stopped, if it did."""
-                nonlocal summary
-                if log is not None:
-                    log.runner = acting  # the log's obs and actions are the acting one's
-                loop = ControlLoop(unitree, acting, safety=safety, logger=log)
-                steps_per_status, done, started = max(1, round(1.0 / dt)), 0, time.perf_counter()
-                while loop.stopped is None and (ticks is None or done < ticks):
-                    chunk = steps_per_status if ticks is None else min(steps_per_status, ticks - done)
-                    summary = loop.run(chunk, np.asarray(command, np.float32))
-                    done += chunk
-                    say(f"[deploy] {'stopped' if loop.stopped else label} {done * dt:6.1f} s | "
-                        f"{done / (time.perf_counter() - started):.1f} Hz | deadline misses {summary['misses']} | "
-                        f"latency p50 {summary['latency_p50_us']:.0f} us p99 {summary['latency_p99_us']:.0f} us | "
-                        f"holds {summary['hold']} | LowCmd sent {unitree.sent}")
-                if log is not None:
-                    log_paths.append(log.end_episode())
-                return loop.stopped
+                def phase(acting, ticks: int | None, label: str) -> str | None:
+                    """``acting`` (the policy, or an excitation) in the control loop for ``ticks`` (None: until
+                    Ctrl-C), a status line a second, one log episode; returns why the loop stopped, if it did."""
+                    nonlocal summary
+                    if log is not None:
+                        log.runner = acting  # the log's obs and actions are the acting one's
+                    loop = ControlLoop(unitree, acting, safety=safety, logger=log)
+                    steps_per_status, done, started = max(1, round(1.0 / dt)), 0, time.perf_counter()
+                    while loop.stopped is None and (ticks is None or done < ticks):
+                        chunk = steps_per_status if ticks is None else min(steps_per_status, ticks - done)
+                        summary = loop.run(chunk, np.asarray(command, np.float32), stop=requests.event)
+                        done += chunk
+                        say(f"[deploy] {'stopped' if loop.stopped else label} {done * dt:6.1f} s | "
+                            f"{done / (time.perf_counter() - started):.1f} Hz | deadline misses {summary['misses']} | "
+                            f"latency p50 {summary['latency_p50_us']:.0f} us p99 {summary['latency_p99_us']:.0f} us | "
+                            f"holds {summary['hold']} | LowCmd sent {unitree.sent}")
+                    if log is not None:
+                        log_paths.append(log.end_episode())
+                    return loop.stopped
 
-            if excite is not None:
-                from legion.sim2real.deploy.excite import ExcitationRunner
+                if excite is not None:
+                    from legion.sim2real.deploy.excite import ExcitationRunner
 
-                routine = ExcitationRunner(runner, excite)
-                say(f"[deploy] excitation {excite.name}: +-{excite.amplitude:g} rad about the default pose for "
-                    f"{excite.duration_s:g} s")
-                stopped = phase(routine, routine.ticks, "excitation")
-            if stopped is None and duration_s != 0:
-                say(f"[deploy] policy, command (v_x, v_y, yaw rate) = {tuple(float(c) for c in command)}"
-                    + (f", for {duration_s:g} s" if duration_s else ", until Ctrl-C"))
-                stopped = phase(runner, None if duration_s is None else round(duration_s / dt), "policy")
-    except KeyboardInterrupt:
-        stopped = "interrupted"
-    except BaseException as e:
-        stopped = f"{e.__class__.__name__}: {e}"
-        damp_briefly()
+                    routine = ExcitationRunner(runner, excite)
+                    say(f"[deploy] excitation {excite.name}: +-{excite.amplitude:g} rad about the default pose for "
+                        f"{excite.duration_s:g} s")
+                    stopped = phase(routine, routine.ticks, "excitation")
+                if stopped is None and duration_s != 0:
+                    say(f"[deploy] policy, command (v_x, v_y, yaw rate) = {tuple(float(c) for c in command)}"
+                        + (f", for {duration_s:g} s" if duration_s else ", until Ctrl-C"))
+                    stopped = phase(runner, None if duration_s is None else round(duration_s / dt), "policy")
+        except KeyboardInterrupt:
+            stopped = "interrupted"
+        except BaseException as e:
+            stopped = f"{e.__class__.__name__}: {e}"
+            damp_briefly()
+            unitree.close()
+            say(f"[deploy] stopped ({stopped}); damping sent")
+            raise
+        damp_briefly()  # (a Ctrl-C now cannot cut it short)
         unitree.close()
-        say(f"[deploy] stopped ({stopped}); damping sent")
-        raise
-    damp_briefly()
-    unitree.close()
     say(f"[deploy] {'stopped (' + stopped + ')' if stopped else 'done'}; damping sent")
     logs = [str(path) for path in log_paths if path is not None]
     return {**summary, "stopped": stopped, "log": logs[-1] if logs else None, "logs": logs}
