@@ -31,6 +31,7 @@ Safety, in the order it is applied:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -257,13 +258,15 @@ class ControlLoop:
         """``steps`` ticks at the control rate; ``command`` is fixed or a function of the tick.
 
         Returns :meth:`LoopStats.summary`. Ctrl-C or SIGTERM stops the loop (damping) before the
-        next tick and returns too: the signal sets a flag (:class:`legion.StopRequests`; ``stop``, an
-        event of the caller's own requests to share), so it cannot be lost in a finalizer. Any other
-        exception stops it safely and propagates with its traceback.
+        next tick and returns too: the signal sets a flag (:class:`legion.StopRequests`), so it
+        cannot be lost in a finalizer. A program with signal handling of its own passes the event
+        its handlers set as ``stop``, and the loop installs none. Any other exception stops it
+        safely and propagates with its traceback.
         """
         next_tick = time.perf_counter()
+        requests = StopRequests(stop)  # (its handlers installed only where the caller has none)
         try:
-            with StopRequests(stop) as requests:
+            with requests if stop is None else contextlib.nullcontext():
                 for k in range(steps):
                     if requests.event.is_set():
                         self._stop_on_error("interrupted")
