@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import queue
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -274,8 +273,8 @@ def watch_policy(loaded, host: str = "127.0.0.1", port: int = 8080, steps: int |
     if on_ready is not None:
         on_ready(viewer)
     obs, done = env.get_observations(), 0
-    # Ctrl-C as a flag, not a KeyboardInterrupt that a Warp array's finalizer can swallow (runner.py)
-    stop = StopRequests(threading.Event())
+    # Ctrl-C as a flag, not a KeyboardInterrupt that a Warp array's finalizer can swallow (legion.StopRequests)
+    stop = StopRequests()
     try:
         with stop:
             while viewer.running and not stop.event.is_set() and (steps is None or done < steps):
@@ -343,7 +342,7 @@ class ReplayView:
 
     def serve_until_stopped(self) -> None:
         """Keeps the live view open on the last frame until Ctrl-C."""
-        stop = StopRequests(threading.Event())
+        stop = StopRequests()
         try:
             with stop:
                 while self.view is not None and self.view.running and not stop.event.is_set():

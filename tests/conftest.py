@@ -26,6 +26,7 @@ from legion.configs import compose, schema  # noqa: E402  (for the tests)
 
 api.setup_process()  # quiet Warp, the kernel cache above
 
+
 def ctrl_c_inside_a_finalizer() -> float:
     """Ctrl-C handled while a finalizer's Python code runs, as when the garbage collector frees
     cyclic garbage in the main thread: a KeyboardInterrupt raised there cannot propagate (Python
