@@ -39,11 +39,12 @@ task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calib
   window_s=0.5      replay window [s]
   bootstrap=8       refits for the spread (60 evaluations each; 0: none)
   evaluations=2400  CMA-ES's budget (one evaluation replays every window once; ~10 per second and
-                    core on a Go2 with 8 s of logs), spent in searches of 600 started in turn from
-                    the nominal model (its gains fitted to the logged torques, where there are any)
-                    and from the middle of every prior, each pair with its own seed, the lowest
-                    loss kept: one search can stop in a local minimum where the latency trades
-                    against the gains (a worn Go2's calves at 1.22x kp for 0.85x)
+                    core on a Go2 with 8 s of logs), spent in searches of 600, each with its own
+                    seed, three in four started from the nominal model with its gains fitted to the
+                    logged torques (where there are any), the second and every fourth after it from
+                    the middle of every prior, the lowest loss kept: one search can stop in a local
+                    minimum where the latency trades against the gains (a worn Go2's calves at
+                    1.22x kp for 0.85x)
   workers=auto      processes that replay the windows in parallel (auto: every core this process
                     may use; 1: none)
   actuator_network=false
