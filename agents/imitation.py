@@ -12,20 +12,39 @@ of the mean-squared error between the actor's mean action and the labelled one:
 - ``dagger`` (Ross, Gordon and Bagnell, 2011): the expert (``agent.imitation.expert``) labels every
   state the student visits, and the labelled states join the demonstrations, if any. The first
   iteration acts with the expert's actions, so the data starts on its states.
+
+A recurrent student (``agent.actor.rnn``: a student that must remember what it cannot see now, a
+velocity from positions, the terrain under the hind feet from a forward camera) learns by DAgger
+from whole rollouts: each is kept in time order with the student's memory as it entered it, and
+each gradient step replays a random share of its envs from that memory (R2D2's stored state),
+every episode's memory restarting where it began, through the whole rollout (backpropagation
+through time), as PPO trains a recurrent actor.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
 import torch
+from rsl_rl.utils import split_and_pad_trajectories
 from tensordict import TensorDict
 
-from legion.agents.ppo import action_std, obs_groups_for, stored
+from legion.agents.ppo import action_std, clone_tree, map_tensors, obs_groups_for, stored
 from legion.agents.runner import Runner
 from legion.configs.schema import Agent
+
+
+@dataclass
+class Rollout:
+    """A recurrent student's labelled rollout, in time order: (T, N, ...) each."""
+
+    obs: TensorDict  # what the student read
+    labels: torch.Tensor  # the expert's actions
+    dones: torch.Tensor  # (T, N) bool: the episode ended after this step
+    memory: object  # the student's hidden state as it entered the rollout (an LSTM's: (h, c))
 
 
 class ImitationRunner(Runner):
@@ -45,9 +64,9 @@ class ImitationRunner(Runner):
         if cfg.mode == "bc" and demos is None or cfg.mode == "dagger" and expert is None:
             raise ValueError(f"agent.mode={cfg.mode} needs {'demonstrations' if cfg.mode == 'bc' else 'an expert'}: "
                              "make the runner with legion.sim2real.trajectories.demos.imitation_inputs(cfg.agent, env)")
-        if cfg.actor.rnn.type is not None:
-            raise ValueError(f"agent.mode={cfg.mode} trains a feed-forward actor on single states (agent.actor.rnn."
-                             f"type={cfg.actor.rnn.type}): a recurrent actor learns with agent.mode=sync or async.")
+        if cfg.mode == "bc" and cfg.actor.rnn.type is not None:
+            raise ValueError(f"agent.mode=bc trains a feed-forward actor on single states (agent.actor.rnn.type="
+                             f"{cfg.actor.rnn.type}): a recurrent student learns from an expert, agent.mode=dagger.")
         super().__init__(env, cfg, log_dir, device)
         self.imitation, self.expert = cfg.imitation, expert
         observations = env.get_observations()
@@ -62,6 +81,7 @@ class ImitationRunner(Runner):
             self.obs = stored(observations.select(*self.groups))[:0]
             self.labels = torch.zeros(0, env.num_actions, device=device)
         actor = self.ppo.actor
+        self.rollouts: list[Rollout] = []  # a recurrent student's data (self.obs, self.labels: a feed-forward one's)
         if len(self.obs):
             actor.update_normalization(self.obs)
         self.optimizer = torch.optim.Adam(actor.parameters(), lr=self.imitation.learning_rate)
@@ -82,7 +102,8 @@ class ImitationRunner(Runner):
         """``num_steps_per_env`` steps of the student (of the expert, in DAgger's first
         iteration); with an expert, its labels of the states join the data."""
         env, actor, expert = self.env, self.ppo.actor, self.expert
-        visited, labels = [], []
+        visited, labels, ended = [], [], []
+        memory = clone_tree(actor.get_hidden_state()) if actor.is_recurrent else None
         with torch.inference_mode():
             for _ in range(self.cfg.num_steps_per_env):
                 requests.raise_if_requested()
@@ -95,25 +116,64 @@ class ImitationRunner(Runner):
                     if self.iteration == 0:
                         actions = label
                 obs, rewards, dones, extras = env.step(actions)
+                if actor.is_recurrent:
+                    if memory is None:  # (its first step: no memory yet, which is nought)
+                        memory = map_tensors(actor.get_hidden_state(), torch.zeros_like)
+                    actor.reset(dones)
+                    ended.append(dones.bool())
                 if expert is not None and hasattr(expert, "reset"):
                     expert.reset(dones)
                 self.stats.step(rewards, dones, extras)
-        if visited:
-            new = cast(TensorDict, torch.cat(visited))
-            actor.update_normalization(new)
-            keep = self.imitation.max_samples
-            self.obs = torch.cat([self.obs, new])[-keep:]
-            self.labels = torch.cat([self.labels, torch.cat(labels)])[-keep:]
+        if not visited:
+            return obs
+        if actor.is_recurrent:
+            rollout = Rollout(cast(TensorDict, torch.stack(visited)), torch.stack(labels), torch.stack(ended),
+                              clone_tree(memory))
+            actor.update_normalization(rollout.obs.flatten(0, 1))
+            keep = max(1, self.imitation.max_samples // rollout.labels[..., 0].numel())
+            self.rollouts = [*self.rollouts, rollout][-keep:]
+            return obs
+        new = cast(TensorDict, torch.cat(visited))
+        actor.update_normalization(new)
+        keep = self.imitation.max_samples
+        self.obs = torch.cat([self.obs, new])[-keep:]
+        self.labels = torch.cat([self.labels, torch.cat(labels)])[-keep:]
         return obs
+
+    @property
+    def samples(self) -> int:
+        """The labelled states held."""
+        return sum(r.labels[..., 0].numel() for r in self.rollouts) if self.rollouts else len(self.obs)
+
+    def replay(self, rollout: Rollout, envs: torch.Tensor | None = None) -> torch.Tensor:
+        """A recurrent student's actions over ``rollout`` (its ``envs``; None: all), (T, N, A): each
+        env from the memory it entered the rollout with, restarted where an episode ended."""
+        obs, dones, memory = rollout.obs, rollout.dones, rollout.memory
+        if envs is not None:
+            obs, dones, memory = obs[:, envs], dones[:, envs], map_tensors(memory, lambda h: h[:, envs])
+        padded, masks = split_and_pad_trajectories(obs.float(), dones)
+        # one trajectory per episode piece, env by env: the first of each starts from the stored memory
+        starts = torch.ones_like(dones)
+        starts[1:] = dones[:-1]
+        env, step = starts.T.nonzero(as_tuple=True)
+        first = (step == 0).view(1, -1, 1)
+        return self.ppo.actor(padded, masks=masks, hidden_state=map_tensors(memory, lambda h: h[:, env] * first))
 
     def _update(self) -> float:
         """``updates_per_iteration`` Adam steps of the MSE on random minibatches; the mean loss."""
-        actor, total = self.ppo.actor, torch.zeros((), device=self.obs.device)
+        actor, total = self.ppo.actor, torch.zeros((), device=self.device)
         for _ in range(self.imitation.updates_per_iteration):
-            batch = torch.randint(len(self.obs), (min(self.imitation.batch_size, len(self.obs)),),
-                                  device=self.obs.device, generator=self.generator)
-            predicted = actor(self.obs[batch].float())
-            loss = torch.nn.functional.mse_loss(predicted, self.labels[batch])
+            if self.rollouts:  # a recurrent student: a share of one rollout's envs, through its whole length
+                pick = int(torch.randint(len(self.rollouts), (1,), generator=self.generator))
+                rollout = self.rollouts[pick]
+                steps, envs = rollout.dones.shape
+                chosen = torch.randperm(envs, device=self.device, generator=self.generator)[
+                    :max(1, self.imitation.batch_size // steps)]
+                loss = torch.nn.functional.mse_loss(self.replay(rollout, chosen), rollout.labels[:, chosen])
+            else:
+                batch = torch.randint(len(self.obs), (min(self.imitation.batch_size, len(self.obs)),),
+                                      device=self.obs.device, generator=self.generator)
+                loss = torch.nn.functional.mse_loss(actor(self.obs[batch].float()), self.labels[batch])
             self.optimizer.zero_grad()
             loss.backward()
             # As PPO's max_grad_norm: one absurd sample (a diverging world's) cannot throw the weights away.
@@ -132,7 +192,7 @@ class ImitationRunner(Runner):
         # it gathers an episode's worth of its own labelled states before it learns again. Its
         # first rollout alone (every env in one phase of the task) would overwrite what it knew.
         refill = (min(self.imitation.max_samples, self.env.num_envs * self.env.max_episode_length)
-                  if self.iteration > 0 and not len(self.obs) else 0)
+                  if self.iteration > 0 and not self.samples else 0)
         with self.stop_requests as requests:
             try:
                 while max_iterations is None or self.iteration < max_iterations:
@@ -140,16 +200,16 @@ class ImitationRunner(Runner):
                     self.stats.begin()
                     obs = self._rollout(obs, requests)
                     t1 = time.perf_counter()
-                    if not len(self.obs):
+                    if not self.samples:
                         raise ValueError("no labelled samples to learn from: give agent.imitation.demos or an expert.")
-                    if len(self.obs) < refill:
-                        losses, progress = {}, f"resumed: gathering samples, {len(self.obs):,} of {refill:,}"
+                    if self.samples < refill:
+                        losses, progress = {}, f"resumed: gathering samples, {self.samples:,} of {refill:,}"
                     else:
                         refill = 0
                         with self.update_threads.alone():  # nothing else computes meanwhile
                             loss = self._update()
                         losses = {"imitation": loss}
-                        progress = f"{self.cfg.mode} loss {loss:.4f} on {len(self.obs):,} samples"
+                        progress = f"{self.cfg.mode} loss {loss:.4f} on {self.samples:,} samples"
                     t2 = time.perf_counter()
                     self.iteration += 1
                     report = {**self.stats.end(), "iteration": self.iteration, "losses": losses,
