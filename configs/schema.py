@@ -433,9 +433,9 @@ class Imitation:
     # policy=), or run:<run folder or checkpoint>, a trained teacher acting on its own policy observations
     expert: Optional[str] = None
     learning_rate: float = 1.0e-3
-    batch_size: int = 4096
+    batch_size: int = 4096  # samples a gradient step (a recurrent student's: envs x steps of one rollout)
     updates_per_iteration: int = 50  # gradient steps on the data after each rollout
-    max_samples: int = 1_000_000  # dagger: the oldest labelled samples past this many are dropped
+    max_samples: int = 1_000_000  # dagger: the oldest labelled samples past this many are dropped (whole rollouts)
 
 
 @dataclass

@@ -228,3 +228,8 @@ def test_a_recurrent_students_rollout_replays_to_the_actions_it_took(cartpole_te
         assert not torch.allclose(runner.replay(forgotten)[0], actions[0], atol=1e-3)  # the memory it entered with
         chosen = torch.tensor([5, 1, 40])
         assert torch.allclose(runner.replay(rollout, chosen), actions[:, chosen], atol=1e-5)
+
+
+def test_behaviour_cloning_of_a_recurrent_actor_is_refused_by_name(demos):
+    with pytest.raises(ValueError, match="agent.mode=bc trains a feed-forward actor .* learns from an expert"):
+        make_runner(*SMALL, "agent=bc", f"agent.imitation.demos=[{demos}]", *LSTM)
