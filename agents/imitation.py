@@ -130,7 +130,7 @@ class ImitationRunner(Runner):
             rollout = Rollout(cast(TensorDict, torch.stack(visited)), torch.stack(labels), torch.stack(ended),
                               clone_tree(memory))
             actor.update_normalization(rollout.obs.flatten(0, 1))
-            keep = max(1, self.imitation.max_samples // rollout.labels[..., 0].numel())
+            keep = max(1, self.imitation.max_samples // rollout.dones.numel())
             self.rollouts = [*self.rollouts, rollout][-keep:]
             return obs
         new = cast(TensorDict, torch.cat(visited))
@@ -143,7 +143,7 @@ class ImitationRunner(Runner):
     @property
     def samples(self) -> int:
         """The labelled states held."""
-        return sum(r.labels[..., 0].numel() for r in self.rollouts) if self.rollouts else len(self.obs)
+        return sum(r.dones.numel() for r in self.rollouts) if self.rollouts else len(self.obs)
 
     def replay(self, rollout: Rollout, envs: torch.Tensor | None = None) -> torch.Tensor:
         """A recurrent student's actions over ``rollout`` (its ``envs``; None: all), (T, N, A): each
@@ -160,7 +160,8 @@ class ImitationRunner(Runner):
         return self.ppo.actor(padded, masks=masks, hidden_state=map_tensors(memory, lambda h: h[:, env] * first))
 
     def _update(self) -> float:
-        """``updates_per_iteration`` Adam steps of the MSE on random minibatches; the mean loss."""
+        """``updates_per_iteration`` Adam steps of the MSE on random minibatches (a recurrent student's:
+        a random share of one kept rollout's envs, :meth:`replay`); the mean loss."""
         actor, total = self.ppo.actor, torch.zeros((), device=self.device)
         for _ in range(self.imitation.updates_per_iteration):
             if self.rollouts:  # a recurrent student: a share of one rollout's envs, through its whole length
