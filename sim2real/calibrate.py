@@ -568,9 +568,8 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
     ``command_latency`` (physics steps) over its range, in place of the task's ``action_delay``.
     A payload: the event ``added_mass`` on the base, and ``com_offset`` per axis, in place of the
     task's own. Foot friction: the event ``friction`` on every body of the robot (its value is the
-    one in effect against the ground), in place of the task's own."""
-    import re
-
+    one in effect against the ground), in place of the task's own. Actuator networks drive their
+    groups' joints with the export's gains and effort limits."""
     estimates, task = report["estimates"], task or {}
     header = ["# @package _global_",
               f"# Calibrated by `legion calibrate` from {report['log']}: the task {meta.task} on the simulator",
@@ -621,8 +620,20 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
     networks = report.get("actuator_network", {})
     if networks:  # the learned actuator networks drive their groups' joints (configs/schema.py, Actuator)
         lines += ["  scene:", "    robot:", "      actuators:"]
-        lines += [f"        {label}: {{joints: {_quoted(entry['pattern'])}, model: network, "
-                  f"network: {_quoted(entry['file'])}}}" for label, entry in networks.items()]
+        for label, entry in networks.items():
+            # An entry is a joint's whole drive: it keeps the export's gains (the torque penalty's
+            # estimate, the gain events) and effort limit (the network's torque is clipped to it),
+            # one entry per set of joints that share them.
+            drives: dict[tuple, list[str]] = {}
+            for joint in entry["joints"]:
+                k = meta.joint_names.index(joint)
+                drive = (meta.joint_stiffness[k], meta.joint_damping[k], meta.effort_limits[k])
+                drives.setdefault(drive, []).append(joint)
+            for i, ((kp, kd, effort), joints) in enumerate(drives.items()):
+                pattern = entry["pattern"] if len(drives) == 1 else "|".join(map(re.escape, joints))
+                lines.append(f"        {label if len(drives) == 1 else f'{label}_{i}'}: {{joints: {_quoted(pattern)}, "
+                             f"model: network, network: {_quoted(entry['file'])}, stiffness: {kp:g}, damping: {kd:g}, "
+                             f"effort_limit: {effort:g}}}")
     return "\n".join(header + lines) + "\n"
 
 
@@ -885,7 +896,6 @@ def learn_actuator_networks(windows: list[Window], meta, groups: dict[str, str] 
     (``fitted``: kp_scale, kd_scale and latency_ms, the latency as whole ticks of delay; None where
     ``estimates`` holds none of them for the group)."""
     import math
-    import re
 
     from legion.sim2real.deploy.mujoco_robot import motor_gains, pd_torque
 

@@ -4,6 +4,7 @@ jitter, the drivers' gains, gear play and torque limit, friction, payload, senso
 realities standing a Go2, and `legion sim2sim` / `legion bridge` running one."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -524,9 +525,20 @@ def test_the_actuator_network_reproduces_a_nonlinear_motors_torque_on_held_out_d
     assert network.info["joints"] == go2["meta"].joint_names and network.info["log"] == str(logs.resolve())
     assert network.info["held_out_torque_rmse_nm"] == rmse
     # training on it: the robot's actuators, then one of the network over every joint (the last match wins)
-    actuators = compose(f"task={logs / 'task_calibrated.yaml'}", "robot=go2").task.scene.robot.actuators
-    assert list(actuators) == ["hip_thigh", "knee", "all"]
-    assert (actuators["all"].joints, actuators["all"].model, actuators["all"].network) == (".*", "network", str(path))
+    # with the robot's gains and effort limits, one entry per set of joints that share them (the Go2's
+    # calves have their own limit); an env of it builds (a URDF's joints have no drive of their own)
+    cfg = compose(f"task={logs / 'task_calibrated.yaml'}", "robot=go2", "sim.num_envs=2")
+    actuators = cfg.task.scene.robot.actuators
+    assert list(actuators) == ["hip_thigh", "knee", "all_0", "all_1"]
+    for name, robots in (("all_0", "hip_thigh"), ("all_1", "knee")):
+        entry, own = actuators[name], actuators[robots]
+        assert (entry.model, entry.network) == ("network", str(path))
+        assert (entry.stiffness, entry.damping, entry.effort_limit) == (own.stiffness, own.damping, own.effort_limit)
+        assert {j for j in go2["meta"].joint_names if re.fullmatch(entry.joints, j)} == \
+            {j for j in go2["meta"].joint_names if re.fullmatch(own.joints, j)}
+    env = make_env(f"task={logs / 'task_calibrated.yaml'}", "robot=go2", "sim.num_envs=2")
+    assert len(env.sim.networks) == 1 and len(env.sim.networks[0]["dofs"]) == 12
+    env.close()
 
 
 def test_the_actuator_network_file_gives_the_torques_of_the_trained_network(go2, tmp_path):
