@@ -512,10 +512,16 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
         for label, actuator in learned.items():
             path = (out / ("actuator_network.npz" if groups is None else f"actuator_network_{label}.npz")).resolve()
             actuator.network.save(path)
+            columns = [meta.joint_names.index(joint) for joint in actuator.joints]
+            seen = np.concatenate([np.abs(w.joint_torque[:, columns]).ravel() for w in windows
+                                   if w.joint_torque is not None])
             report["actuator_network"][label] = {"file": str(path), "pattern": (groups or {"all": ".*"})[label],
                                                  "joints": actuator.joints,
                                                  "training": actuator.network.info["training"],
-                                                 "held_out_torque_rmse_nm": actuator.rmse}
+                                                 "held_out_torque_rmse_nm": actuator.rmse,
+                                                 # what it has seen: a network extrapolates flat past it
+                                                 "torque_p99_nm": float(np.percentile(seen, 99)),
+                                                 "on_the_ground": any(w.base is not None for w in windows)}
     (out / "calibration.json").write_text(json.dumps(report, indent=2))
     lines = ["# Calibrated by `legion calibrate` from " + ", ".join(map(str, logs)), "name: calibrated",
              f"latency_ms: {{mean: {best.get('latency_ms', 0.0):.3f}}}"]
@@ -700,6 +706,12 @@ def table(report: dict) -> str:
         if torque["network"] >= min(t for t in (torque["nominal"], torque["fitted"]) if t is not None):
             rows.append(f"WARNING: the actuator network of {label} does not beat the analytic motor on the held-out "
                         "windows: more (or more varied) logs, or keep the analytic motor")
+        if entry.get("on_the_ground") is False:
+            rows.append(f"WARNING: the actuator network of {label} learned from a hung robot only (torques up to "
+                        f"{entry['torque_p99_nm']:.2g} N m, 99th percentile): on the ground the legs carry the robot "
+                        "with torques it has not seen, where a network's torque levels off (a Go2 trained on one fell "
+                        "a third of a second into each episode). Before training on it, log the robot standing or "
+                        "walking too: log=<hung>,<walking> hung=true,false")
     return "\n".join(rows)
 
 
