@@ -20,7 +20,10 @@ is flat (the loss rises by less than ``FLAT_RISE`` when it alone moves 20% of it
 estimate) or where its spread over a bootstrap (``bootstrap`` fits of windows drawn with
 replacement, each started from the estimate) is wider than +-20% of it (of 5% of its range where
 the estimate is near zero): CMA-ES's step size is not an uncertainty. Every fourth window is
-held out: the RMSE there, nominal against calibrated, says whether the fit generalizes. Writes
+held out: the RMSE there, nominal against calibrated, says whether the fit generalizes. With logs
+of both kinds, the motors fitted hung must also predict the torques of the held-out windows on the
+ground better than the nominal model; where they do not, they stand in for an effect the fitted
+model lacks (gear play) and are flagged (``inconsistent``). Writes
 ``calibration.json``, ``reality_calibrated.yaml`` (a reality file of the estimates: ``legion
 sim2sim reality=<it>`` runs the calibrated model), ``task_calibrated.yaml`` (the run's task whose
 randomization is centred on the estimates, :func:`training_overlay`) and ``calibration.png``
@@ -493,12 +496,26 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
                                             and half_width <= 0.2 * max(abs(best[name]), 0.05 * (high - low)))}
         rmse = {label: float(np.sqrt(np.mean(fit.errors(values, held_out)[:, 0])))
                 for label, values in (("nominal", nominal), ("calibrated", best))}
+        # The motors fitted hung, checked where the legs carry the robot: a motor the fitted model
+        # describes predicts the torques there better than the nominal model (a worn Go2's or a
+        # payload's 0.16-0.17x on walking windows); one it does not (gear play: 1.2x) has been stood
+        # in for by values that compensate, which are not the robot's.
+        ground = [w for w in held_out if w.base is not None]
+        motor_torques = None
+        if len(stages) > 1 and fit.torque_scale is not None and ground:
+            motor_torques = {label: float(np.sqrt(np.mean(fit.errors(values, ground)[:, 1])))
+                             for label, values in (("nominal", nominal), ("calibrated", best))}
+            if motor_torques["calibrated"] >= motor_torques["nominal"]:
+                for name in motors:
+                    profile[name].update(pinned=False, inconsistent=True)
     fit.workers = None  # (ended)
     report = {"log": ", ".join(map(str, logs)), "export": str(exported), "windows": len(fitting),
               "held_out": len(held_out),
               "evaluations": evaluations + fit.evaluations, "bootstrap": bootstrap, "seconds": time.perf_counter() - t0,
               "loss": best_loss,
               "estimates": best, "profile": profile, "held_out_rmse_rad": rmse}
+    if motor_torques is not None:
+        report["held_out_torque_rmse_on_the_ground_nm"] = motor_torques
     out = Path(out_dir) if out_dir else logs[0]
     out.mkdir(parents=True, exist_ok=True)
     if actuator_network:
@@ -576,11 +593,16 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
     task's own. Foot friction: the event ``friction`` on every body of the robot (its value is the
     one in effect against the ground), in place of the task's own. Actuator networks drive their
     groups' joints with the export's gains and effort limits."""
-    estimates, task = report["estimates"], task or {}
+    task = task or {}
     header = ["# @package _global_",
               f"# Calibrated by `legion calibrate` from {report['log']}: the task {meta.task} on the simulator",
               "# these logs describe. Train or fine-tune on it with the robot you trained with, e.g.",
               "#   legion train task=<this file> robot=<the run's robot> agent.init_from=<the run>/model_N.pt"]
+    inconsistent = [n for n, p in report["profile"].items() if p.get("inconsistent")]
+    if inconsistent:  # values that compensate for what the model lacks are no simulator to train on
+        header.append(f"# {', '.join(inconsistent)}: fitted hung, inconsistent with the logs on the ground; "
+                      "the task's own randomization of them is kept")
+    estimates = {n: v for n, v in report["estimates"].items() if n not in inconsistent}
     lines = ["defaults:", f"  - {meta.task}", "  - _self_", "task:", "  events:"]
     funcs = set()
     for label, pattern in (groups or {"all": ".*"}).items():
@@ -687,7 +709,8 @@ def table(report: dict) -> str:
         p = report["profile"][name]
         low, high = p["bootstrap"]
         rows.append(f"{name:<18} {value:9.4g}   [{low:8.4g}, {high:8.4g}]   {p['rise']:+.1%}"
-                    + ("" if p["pinned"] else "   NOT PINNED DOWN by these logs"))
+                    + ("" if p["pinned"] else "   INCONSISTENT with the logs on the ground" if p.get("inconsistent")
+                       else "   NOT PINNED DOWN by these logs"))
     rmse = report["held_out_rmse_rad"]
     rows.append(f"held-out joint RMSE: nominal {rmse['nominal']:.4f} rad, calibrated {rmse['calibrated']:.4f} rad "
                 f"({rmse['calibrated'] / rmse['nominal']:.0%} of nominal)"
@@ -696,6 +719,13 @@ def table(report: dict) -> str:
     if rmse["calibrated"] >= rmse["nominal"]:
         rows.append("WARNING: the calibrated model does not beat the nominal one on the held-out windows: it fitted "
                     "noise or effects outside its parameters; do not use these estimates")
+    torques = report.get("held_out_torque_rmse_on_the_ground_nm")
+    if torques is not None and torques["calibrated"] >= torques["nominal"]:
+        rows.append(f"WARNING: the motors fitted to the hung logs predict the torques on the ground worse than the "
+                    f"nominal model (held-out: {torques['calibrated']:.3f} against {torques['nominal']:.3f} N m): the "
+                    "robot has an effect the fitted model lacks (gear play, a motor's torque-speed curve, ...) and "
+                    "their estimates compensate for it, so they are flagged, not the robot's values. An actuator "
+                    "network learns such a motor from the same logs (actuator_network=true)")
     for label, entry in report.get("actuator_network", {}).items():
         torque = entry["held_out_torque_rmse_nm"]
         fitted_motor = (f"fitted motor {torque['fitted']:.4f} ({', '.join(torque['fitted_with'])})"

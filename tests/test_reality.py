@@ -12,7 +12,7 @@ import torch
 
 from conftest import export_untrained_run, legion_in_process, make_env
 from legion.configs import compose
-from legion.sim2real.reality import Latency, Reality, RealityRobot, load_reality
+from legion.sim2real.reality import Joints, Latency, Reality, RealityRobot, load_reality
 
 SHIPPED = ("go2_worn_motors", "go2_payload", "go2_backlash")
 
@@ -449,9 +449,37 @@ def test_calibrate_fits_a_hung_log_and_a_standing_one_together(go2, tmp_path):
     assert estimates["coulomb_friction"] == pytest.approx(0.3, rel=0.15)
     assert estimates["added_mass_kg"] == pytest.approx(2.5, rel=0.1)
     assert report["windows"] + report["held_out"] == 7 + 11  # every window of both
+    # the friction fitted hung predicts the torques standing (0.03 N m against the model's 0.96)
+    torques = report["held_out_torque_rmse_on_the_ground_nm"]
+    assert torques["calibrated"] < 0.2 * torques["nominal"]
+    assert not any(p.get("inconsistent") for p in report["profile"].values())
     code, _, err = legion_in_process("calibrate", f"run={go2['run']}", f"log={hung},{standing}",
                                      "hung=true,false,true")
     assert code != 0 and "hung=true,false,true: one value for every log folder, or one for each of the 2" in err
+
+
+def test_motors_fitted_hung_that_stand_in_for_gear_play_are_flagged_by_the_torques_standing(go2, tmp_path):
+    """A Go2 whose gears have 0.03 rad of play (its drivers otherwise the model's), logged hung and
+    standing: fitted hung, softer drivers stand in for the play (kp 0.79), and standing they predict
+    the torques worse than the model (0.61 N m against 0.25; 0.40 against 0.17 with 0.02 rad of play,
+    where a robot the model describes gets 0.03 against 0.96, above): flagged as inconsistent, not
+    reported as the robot's, and the task file keeps the task's own randomization of them."""
+    from legion.sim2real.calibrate import calibrate, table
+
+    truth = Reality(joints={".*": Joints(backlash=0.03)})
+    hung = _excitation_log(go2, truth, 4.0, tmp_path / "hung")
+    standing = _excitation_log(go2, truth, 6.0, tmp_path / "standing", amplitude=0.05, hung=False)
+    report = calibrate([hung, standing], go2["mjb"].parent, ["kp_scale", "added_mass_kg"], max_evaluations=150,
+                       bootstrap=0, say=lambda line: None, hung=[True, False], task={"events": {"stiffness": {}}})
+    torques = report["held_out_torque_rmse_on_the_ground_nm"]
+    print(report["estimates"], torques)
+    assert report["estimates"]["kp_scale"] < 0.9 and torques["calibrated"] > 1.5 * torques["nominal"]
+    assert report["profile"]["kp_scale"] == {**report["profile"]["kp_scale"], "pinned": False, "inconsistent": True}
+    assert "kp_scale" in table(report) and "INCONSISTENT with the logs on the ground" in table(report)
+    assert "WARNING: the motors fitted to the hung logs predict the torques on the ground worse" in table(report)
+    task = (hung / "task_calibrated.yaml").read_text()
+    assert "calibrated_kp_scale" not in task and "stiffness: {enabled: false}" not in task
+    assert "calibrated_added_mass" in task
 
 
 def test_calibrate_finds_the_foot_friction_where_a_standing_go2s_feet_slip(go2, tmp_path):
