@@ -724,8 +724,8 @@ def table(report: dict) -> str:
         rows.append(f"WARNING: the motors fitted to the hung logs predict the torques on the ground worse than the "
                     f"nominal model (held-out: {torques['calibrated']:.3f} against {torques['nominal']:.3f} N m): the "
                     "robot has an effect the fitted model lacks (gear play, a motor's torque-speed curve, ...) and "
-                    "their estimates compensate for it, so they are flagged, not the robot's values. An actuator "
-                    "network learns such a motor from the same logs (actuator_network=true)")
+                    "their estimates compensate for it, so they are flagged, not the robot's values; the task file "
+                    "keeps the task's own randomization of them")
     for label, entry in report.get("actuator_network", {}).items():
         torque = entry["held_out_torque_rmse_nm"]
         fitted_motor = (f"fitted motor {torque['fitted']:.4f} ({', '.join(torque['fitted_with'])})"
