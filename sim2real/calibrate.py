@@ -498,8 +498,9 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
                 for label, values in (("nominal", nominal), ("calibrated", best))}
         # The motors fitted hung, checked where the legs carry the robot: a motor the fitted model
         # describes predicts the torques there better than the nominal model (a worn Go2's or a
-        # payload's 0.16-0.17x on walking windows); one it does not (gear play: 1.2x) has been stood
-        # in for by values that compensate, which are not the robot's.
+        # payload's 0.16-0.17x on walking windows); values that predict them worse (gear play's
+        # softer calves, 1.2x) compensate for what the model lacks and are not the robot's. (Milder
+        # compensation passes: the same gear play fitted from another split of windows, 0.76x.)
         ground = [w for w in held_out if w.base is not None]
         motor_torques = None
         if len(stages) > 1 and fit.torque_scale is not None and ground:
