@@ -168,9 +168,11 @@ LSTM = ("agent.actor.rnn.type=lstm", "agent.actor.rnn.hidden_size=32")
 
 @pytest.fixture(scope="module")
 def cartpole_teacher(tmp_path_factory):
-    """A cart-pole run of 30 PPO iterations on 64 envs: it balances, seeing the velocities."""
+    """A cart-pole run of 40 PPO iterations on 256 envs: it balances, seeing the velocities (no
+    episode fell in 500 steps under either CPU dispatch; one of 64 envs, 30 iterations, balanced
+    under AVX-512's and fell every time under the default's)."""
     run = tmp_path_factory.mktemp("cartpole_teacher") / "run"
-    train(compose("task=cartpole", "sim.num_envs=64", "agent.max_iterations=30", "agent.num_steps_per_env=16"), run)
+    train(compose("task=cartpole", "sim.num_envs=256", "agent.max_iterations=40"), run)
     return run
 
 
@@ -191,7 +193,8 @@ def share_fallen(runner, steps: int = 500) -> float:
 def test_a_recurrent_student_infers_the_velocities_its_teacher_sees(cartpole_teacher, seed, learned):
     """The cart-pole seen through positions only: distilled from a teacher that sees the velocities,
     an LSTM student keeps the pole up, where a feed-forward one, given the same samples, cannot.
-    Over training seeds 0-9, 40 iterations: no LSTM student's pole fell in 500 steps (at 30
+    Over training seeds 0-9, 40 iterations: no LSTM student's pole fell in 500 steps, under the
+    AVX-512, AVX2 (one thread) and default CPU dispatch alike (with a weaker teacher, at 30
     iterations 0-19% of the episodes that ended, at 20 up to 52%); every feed-forward one's fell."""
     students = {}
     for name, actor in (("lstm", LSTM), ("feed_forward", ())):
@@ -209,7 +212,8 @@ def test_a_recurrent_students_rollout_replays_to_the_actions_it_took(cartpole_te
     from legion.agents.imitation import Rollout
     from legion.agents.ppo import map_tensors
 
-    runner = make_runner(*CARTPOLE_STUDENT, *LSTM, f"agent.imitation.expert=run:{cartpole_teacher}")
+    runner = make_runner(*CARTPOLE_STUDENT, *LSTM, f"agent.imitation.expert=run:{cartpole_teacher}",
+                         "task.episode_length_s=1.0")  # (episodes of 50 steps: some end inside each rollout)
     runner.learn(2)  # (the first iteration acts with the teacher's labels)
     actor = runner.ppo.actor
     actor.obs_normalizer.until = 0  # frozen, as the weights below: the rollout's acting and replay alike
@@ -217,9 +221,9 @@ def test_a_recurrent_students_rollout_replays_to_the_actions_it_took(cartpole_te
         group["lr"] = 0.0
     taken, step = [], runner.env.step
     runner.env.step = lambda actions: (taken.append(actions.clone()), step(actions))[1]
-    runner.learn(12)  # ten rollouts on the same weights, episodes ending in some
+    runner.learn(12)  # ten rollouts on the same weights
     rollouts, taken = runner.rollouts[-10:], torch.stack(taken).view(10, 16, 64, -1)
-    assert any(rollout.dones.any() for rollout in rollouts)
+    assert sum(bool(rollout.dones.any()) for rollout in rollouts) >= 3  # episodes restart inside them
     with torch.no_grad():
         for rollout, actions in zip(rollouts, taken):
             assert torch.allclose(runner.replay(rollout), actions, atol=1e-5)

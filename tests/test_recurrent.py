@@ -103,14 +103,6 @@ def test_recurrent_configs_that_cannot_work_are_refused_by_name(overrides, messa
         make_runner(*SMALL, *overrides)
 
 
-def test_imitation_of_a_recurrent_actor_is_refused_by_name():
-    from legion.agents.imitation import ImitationRunner
-
-    cfg = compose(*SMALL, "agent=dagger", *LSTM)
-    with pytest.raises(ValueError, match="agent.mode=dagger trains a feed-forward actor on single states"):
-        ImitationRunner(make_env(*SMALL), cfg.agent, expert=lambda obs: torch.zeros(32, 1))
-
-
 def test_a_recurrent_run_exports_and_the_runtime_carries_and_resets_its_state(tmp_path):
     """`legion export` of a GRU run; onnxruntime equals torch over 200 steps of 4 robots with
     episodes restarting in between (state carried, zeroed where an episode restarts); a new
