@@ -30,7 +30,10 @@ task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calib
                     hung=false
   log=              a folder of logs, or several, comma-separated, fitted together (e.g. a chirp
                     with the robot hung, which pins the motors, and a walk, which pins the payload
-                    and the floor: log=logs/chirp,logs/walk hung=true,false)
+                    and the floor: log=logs/chirp,logs/walk hung=true,false); motors fitted hung
+                    that predict the held-out torques on the ground worse than the nominal model
+                    compensate for what the model lacks (gear play): flagged INCONSISTENT, and the
+                    task file keeps the task's own randomization of them
   hung=true         the logs are of the robot hung (its base held still); false: standing or
                     walking, each window started from the logged base pose and velocity; one value
                     for every log folder, or one per folder
@@ -55,7 +58,9 @@ task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calib
                     (per group: actuator_network_<group>.npz), prints its held-out torque RMSE
                     against the nominal and the fitted analytic motor, and task_calibrated.yaml
                     drives the group's joints with it (task.scene.robot.actuators.<group>:
-                    {joints: REGEX, model: network, network: <file>})
+                    {joints: REGEX, model: network, network: <file>, and the export's gains and
+                    effort limit}). It knows only the torques its logs hold: learn it from logs of
+                    the robot on the ground too (from a hung robot alone: warned)
 
 With hung=true a log whose base turns is refused (hung: legion bridge hung=true in simulation);
 with hung=false the logs must hold the base's state (a Unitree robot's sport-mode estimate).
