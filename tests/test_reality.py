@@ -220,7 +220,7 @@ def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitati
     the held-out joint RMSE falls below a third of the nominal model's. The reality file it writes
     runs as one."""
 
-    from legion.sim2real.reality import Encoders, Joints
+    from legion.sim2real.reality import Encoders
 
     truth = Reality(name="truth", latency_ms=Latency(10.0, 1.0), encoders=Encoders(position_noise=0.001),
                     joints={".*": Joints(kp_scale=0.8, coulomb_friction=0.3)})
@@ -395,7 +395,7 @@ def test_calibrate_finds_a_payload_from_a_standing_go2s_log(go2, tmp_path):
     state is refused by name. The task file draws the mass about the estimate."""
     from legion.sim2real.calibrate import calibrate, load_windows, simulated_log
     from legion.sim2real.deploy.excite import Excitation
-    from legion.sim2real.reality import Base, Joints
+    from legion.sim2real.reality import Base
 
     truth = Reality(base=Base(added_mass_kg=2.5, com_offset_m=[0.04, 0.0, 0.0]), joints={".*": Joints(kp_scale=0.9)})
     logs = simulated_log(go2["mjb"].parent, truth, tmp_path / "logs", Excitation("chirp", 0.05, 8.0), hung=False)
@@ -437,7 +437,7 @@ def test_calibrate_fits_a_hung_log_and_a_standing_one_together(go2, tmp_path):
     friction within 15% and the payload within 10% (0.300 and 2.54 kg). A hung= that matches
     neither one folder nor all of them is refused by name."""
     from legion.sim2real.calibrate import calibrate
-    from legion.sim2real.reality import Base, Joints
+    from legion.sim2real.reality import Base
 
     truth = Reality(base=Base(added_mass_kg=2.5), joints={".*": Joints(coulomb_friction=0.3)})
     hung = _excitation_log(go2, truth, 4.0, tmp_path / "hung")
@@ -511,7 +511,7 @@ def _nonlinear_motor(seed: int = 0) -> Reality:
     """A hung Go2 whose motors no PD law describes: 0.03 rad of gear play and a torque-speed line of
     6 N m at stall falling to zero at 10 rad/s (the chirp's faster half runs into it), 90% kp, 5 +- 1 ms
     of latency and encoder noise."""
-    from legion.sim2real.reality import Encoders, Joints, TorqueSpeed
+    from legion.sim2real.reality import Encoders, TorqueSpeed
 
     return Reality(name="nonlinear_motor", seed=seed, latency_ms=Latency(5.0, 1.0),
                    encoders=Encoders(position_noise=0.001, velocity_noise=0.05),
