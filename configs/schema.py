@@ -283,6 +283,7 @@ class Command:
     ranges: dict[str, list[float]] = field(default_factory=dict)  # per component: [low, high]
     resampling_time_s: float = 10.0
     standing_fraction: float = 0.0  # velocity: share of exactly-zero commands
+    turning_fraction: float = 0.0  # velocity: share of commands that only turn (zero linear velocity)
     entity: str = "robot"  # pose, position: the scene entity whose body is commanded (e.g. cube)
     body: Optional[str] = None  # pose, position: that body's name (e.g. tcp); None: the entity's first body
 

@@ -127,6 +127,21 @@ def test_tracking_reward_is_higher_at_the_commanded_velocity(quadruped_env):
     assert (off_command[0] < 0.1).all() and (off_command[1] < 0.4).all()
 
 
+def test_a_share_of_velocity_commands_stands_still_and_a_share_only_turns():
+    env = make_env("task=quadruped_flat", "sim.num_envs=4", "task.command.standing_fraction=0.2",
+                   "task.command.turning_fraction=0.3")
+    draws = torch.cat([env.command.sample() for _ in range(500)])
+    standing = (draws == 0).all(1)
+    turning = (draws[:, :2] == 0).all(1) & (draws[:, 2] != 0)
+    # 2,000 draws: a share's standard error is 0.01
+    assert abs(standing.float().mean() - 0.2) < 0.05 and abs(turning.float().mean() - 0.3) < 0.05
+    assert draws[turning, 2].abs().max() > 0.95  # turns up to the range's edge
+    assert (draws[~standing & ~turning, :2] != 0).all()
+    with pytest.raises(ValueError, match="together at most 1"):
+        make_env("task=quadruped_flat", "sim.num_envs=4", "task.command.standing_fraction=0.5",
+                 "task.command.turning_fraction=0.6")
+
+
 PUSHES = "task.events.push.interval_s=[0.02,0.06]"
 
 

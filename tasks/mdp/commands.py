@@ -110,18 +110,28 @@ class VelocityCommand(UniformCommand):
     """Base velocity targets (v_x, v_y, yaw rate) in the base frame [m/s, m/s, rad/s].
 
     A fraction ``standing_fraction`` of the samples is exactly zero, so the policy also learns to
-    stand still. ``ranges``: ``lin_vel_x``, ``lin_vel_y``, ``ang_vel_z``.
+    stand still; a fraction ``turning_fraction`` only turns (zero linear velocity): a uniform draw
+    of three components rarely asks to turn on the spot at full rate, where a policy that infers
+    its velocity is weakest against a push. ``ranges``: ``lin_vel_x``, ``lin_vel_y``, ``ang_vel_z``.
     """
 
     COMPONENTS = ("lin_vel_x", "lin_vel_y", "ang_vel_z")
 
     def __init__(self, env, cfg):
         super().__init__(env, cfg)
+        if cfg.standing_fraction + cfg.turning_fraction > 1.0:
+            raise ValueError(f"task.command: standing_fraction ({cfg.standing_fraction}) and turning_fraction "
+                             f"({cfg.turning_fraction}) are shares of the commands: together at most 1.")
         self.standing_fraction = cfg.standing_fraction
+        self.turning_fraction = cfg.turning_fraction
 
     def sample(self) -> torch.Tensor:
         value = super().sample()
-        standing = self.env.uniform(0.0, 1.0, (self.env.num_envs, 1)) < self.standing_fraction
+        draw = self.env.uniform(0.0, 1.0, (self.env.num_envs, 1))
+        standing = draw < self.standing_fraction
+        if self.turning_fraction:
+            turning = (draw < self.standing_fraction + self.turning_fraction) & ~standing
+            value[:, :2].masked_fill_(turning, 0.0)
         return torch.where(standing, 0.0, value)
 
 
