@@ -341,8 +341,9 @@ def push_sweep(episodes: MuJoCoEpisodes, commands: np.ndarray, steps: int, sweep
 
     Per push: ``survived``; ``recover_s``, the time from the push until the tracking error is back
     near the unpushed episode's (:func:`_recovery`; None: not within the episode); ``peak_tilt_deg``
-    after the push; ``tracking_vs_nominal``, the v_xy error from :data:`SETTLED_AFTER_S` after the
-    push to the episode's end over the unpushed episode's (None: fell, or no such steps);
+    after the push; ``error_after``, the mean v_xy error [m/s] from :data:`SETTLED_AFTER_S` after the
+    push to the episode's end, and ``nominal_after``, the unpushed episode's over the same steps (both
+    None: fell, or no such steps);
     ``jump``, the base velocity change the push made in the heading frame [m/s]."""
     dt = episodes.dt
     span = min(PUSH_PHASE_SPAN_S, 0.2 * steps * dt)
@@ -365,12 +366,12 @@ def push_sweep(episodes: MuJoCoEpisodes, commands: np.ndarray, steps: int, sweep
                     end = min(len(errors[0]), len(reference[0]))
                     recover = _recovery(errors, reference, p, end, dt)
                     after = slice(p + 1 + settled, end)
-                    ratio = (float(errors[0][after].mean() / max(reference[0][after].mean(), 1e-6))
-                             if not fell and after.start < after.stop else None)
+                    tracked = not fell and after.start < after.stop
                     rows.append({"command": c, "direction_deg": float(np.degrees(angle)), "magnitude": magnitude,
                                  "phase": k, "survived": not fell, "recover_s": None if fell else recover,
                                  "peak_tilt_deg": float(trace["tilt"][p:].max(initial=0.0)),
-                                 "tracking_vs_nominal": ratio,
+                                 "error_after": float(errors[0][after].mean()) if tracked else None,
+                                 "nominal_after": float(reference[0][after].mean()) if tracked else None,
                                  "jump": None if trace["jump"] is None else [float(v) for v in
                                                                             to_heading @ trace["jump"][:2]],
                                  "beyond_training": sweep.beyond_training(magnitude)})
@@ -383,16 +384,20 @@ def push_summary(result: dict) -> dict:
     """The sweep's pushes grouped: ``by_direction`` ((command, direction) -> row) and
     ``by_magnitude`` (magnitude -> row); each row: ``pushes``, ``survived`` (share),
     ``recover_s`` (mean over the pushes survived and recovered from), ``not_recovered``,
-    ``peak_tilt_deg`` (the largest), ``tracking_vs_nominal`` (mean); ``within_training``: the row
-    of every push no larger than the training range."""
+    ``peak_tilt_deg`` (the largest), ``error_after`` (the mean [m/s]) and ``tracking_vs_nominal``
+    (that over the unpushed episodes' mean over the same steps: a ratio of means, since standing
+    still an unpushed error is near zero); ``within_training``: the row of every push no larger than
+    the training range."""
     def row(pushes: list[dict]) -> dict:
         recovered = [r["recover_s"] for r in pushes if r["recover_s"] is not None]
-        ratios = [r["tracking_vs_nominal"] for r in pushes if r["tracking_vs_nominal"] is not None]
+        tracked = [r for r in pushes if r["error_after"] is not None]
+        error = float(np.mean([r["error_after"] for r in tracked])) if tracked else None
+        ratio = error / max(float(np.mean([r["nominal_after"] for r in tracked])), 1e-6) if error is not None else None
         return {"pushes": len(pushes), "survived": float(np.mean([r["survived"] for r in pushes])) if pushes else None,
                 "recover_s": float(np.mean(recovered)) if recovered else None,
                 "not_recovered": sum(r["survived"] and r["recover_s"] is None for r in pushes),
                 "peak_tilt_deg": max((r["peak_tilt_deg"] for r in pushes), default=0.0),
-                "tracking_vs_nominal": float(np.mean(ratios)) if ratios else None}
+                "error_after": error, "tracking_vs_nominal": ratio}
 
     rows = result["pushes"]
     groups: dict = {}
@@ -410,17 +415,18 @@ def push_table(result: dict) -> str:
 
     def cells(r: dict) -> str:
         recover = f"{r['recover_s']:.2f} s" if r["recover_s"] is not None else "-"
-        ratio = f"{r['tracking_vs_nominal']:.2f}x" if r["tracking_vs_nominal"] is not None else "-"
+        tracking = (f"{r['error_after']:.3f} m/s ({r['tracking_vs_nominal']:.2f}x)"
+                    if r["error_after"] is not None else "-")
         return (f"{round(r['survived'] * r['pushes']):>3d} / {r['pushes']:<3d} | {recover:>9s} "
                 f"{'(' + str(r['not_recovered']) + ' not)' if r['not_recovered'] else '':8s} | "
-                f"{r['peak_tilt_deg']:5.1f} deg | {ratio:>8s}")
+                f"{r['peak_tilt_deg']:5.1f} deg | {tracking:>20s}")
 
     trained = sweep["trained_up_to"]
     lines = [f"Pushes of {', '.join(f'{m:g}' for m in sweep['magnitudes'])} m/s from {sweep['directions']} directions "
              f"(0 deg: forward, 90 deg: left) at {sweep['phases']} moments of the gait, at each command "
              + (f"(training pushed up to {trained:g} m/s per axis):" if trained else "(training did not push):"),
              f"{'command (vx, vy, wz)':22s} | {'push':>7s} | {'survived':>9s} | {'recovered in':>18s} | "
-             f"{'peak tilt':>9s} | {'tracking':>8s}"]
+             f"{'peak tilt':>9s} | {'tracking':>20s}"]
     for (c, direction), r in summary["by_direction"].items():
         command = "(" + ", ".join(f"{v:+.1f}" for v in sweep["nominal"][c]["command"]) + ")"
         lines.append(f"{command:22s} | {direction:3.0f} deg | {cells(r)}")
@@ -430,8 +436,8 @@ def push_table(result: dict) -> str:
                      + (" (beyond the training range)" if beyond else ""))
     lines.append(f"recovered in: until the tracking error (averaged over {RECOVERY_SMOOTHING_S:g} s) stays within "
                  f"{RECOVERY_MARGIN[0]:g} m/s and {RECOVERY_MARGIN[1]:g} rad/s of the unpushed episode's for "
-                 f"{RECOVERY_HOLD_S:g} s; tracking: the v_xy error from {SETTLED_AFTER_S:g} s after the push on, over "
-                 "the unpushed episode's")
+                 f"{RECOVERY_HOLD_S:g} s; tracking: the v_xy error from {SETTLED_AFTER_S:g} s after the push on "
+                 "(and over the unpushed episode's on the same steps)")
     return "\n".join(lines)
 
 

@@ -863,6 +863,17 @@ def test_the_push_sweep_pushes_by_what_it_says_and_marks_pushes_beyond_training(
     assert "1.5 m/s, every command and direction: survived" in table
     assert table.count("(beyond the training range)") == 1 and "0.3 m/s, every command" in table
     assert "training pushed up to 1 m/s per axis" in table
+    # Tracking from 1 s after a push on, against the unpushed episode on the same steps: a push of
+    # next to nothing retraces it.
+    result = push_sweep(episodes, np.array([[0.5, 0.0, 0.0]]), 100, PushSweep((1e-9, 0.5), 1, 1, 1.0))
+    still, pushed = result["pushes"]
+    assert still["nominal_after"] == pushed["nominal_after"] > 0.0
+    assert still["error_after"] == pytest.approx(still["nominal_after"], rel=1e-4)
+    assert abs(pushed["error_after"] - still["error_after"]) > 1e-3
+    row = push_summary(result)["within_training"]
+    assert row["tracking_vs_nominal"] == pytest.approx((still["error_after"] + pushed["error_after"])
+                                                       / (2 * still["nominal_after"]))
+    assert f"{row['error_after']:.3f} m/s ({row['tracking_vs_nominal']:.2f}x)" in push_table({"push_sweep": result})
 
 
 def test_the_velocity_estimator_is_exported_inside_the_policy_and_estimates_there_as_in_training(tmp_path):
