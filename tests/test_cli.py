@@ -190,8 +190,9 @@ def test_every_command_has_help(tmp_path):
     assert top.returncode == 0 and "train" in top.stdout and "play" in top.stdout and "quadruped_flat" in top.stdout
     train = legion("train", "--help", cwd=tmp_path)
     assert train.returncode == 0 and "legion train" in train.stdout
-    assert ("task: arm_lift, arm_lift_camera, arm_lift_ik, arm_reach, biped_flat, cartpole, cartpole_positions_only, "
-            "quadruped_flat, quadruped_flat_deployable, quadruped_rough, quadruped_rough_depth") in train.stdout
+    assert ("task: arm_lift, arm_lift_camera, arm_lift_ik, arm_reach, biped_flat, biped_flat_deployable, cartpole, "
+            "cartpole_positions_only, quadruped_flat, quadruped_flat_deployable, quadruped_rough, "
+            "quadruped_rough_depth") in train.stdout
     for command, usage in (("play", "run=<run folder>"), ("eval", "legion eval run=<run folder>"),
                            ("export", "legion export run=<run folder>"),
                            ("sim2sim", "legion sim2sim run=<run folder>"), ("randomization", "legion randomization"),
