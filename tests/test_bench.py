@@ -46,6 +46,7 @@ SMALLEST = {
     "deploy_dds": (None, "deploy_dds_go2.json"),  # its run: an untrained Go2 policy, exported (below)
     "push_recovery": (None, "push_recovery.json"),  # its run: an untrained quadruped policy (below)
     "calibration": (None, "calibration.json"),  # its run: an untrained Go2 policy, exported (below)
+    "peers": (None, "peers.json"),  # with mjlab's venv where MJLAB_PYTHON names its python (below)
 }
 
 
@@ -66,8 +67,8 @@ def test_the_benchmark_runs_its_smallest_configuration(name, tmp_path):
     if name == "push_recovery":
         (tmp_path / "run").mkdir()
         made = export_untrained_run(tmp_path / "run", "task=quadruped_flat")
-        args = ["--runs", f"untrained={made['run']}", "--duration-s", "0.4", "--directions", "2", "--phases", "1",
-                "--commands", "[[0.5, 0, 0]]"]
+        args = ["--runs", f"untrained={made['run'] / 'model_1.pt'}", "--duration-s", "0.4", "--directions", "2",
+                "--phases", "1", "--commands", "[[0.5, 0, 0]]"]
     if name == "calibration":
         (tmp_path / "run").mkdir()
         made = export_untrained_run(tmp_path / "run", *TINY_GO2)
@@ -75,6 +76,13 @@ def test_the_benchmark_runs_its_smallest_configuration(name, tmp_path):
                 "--seconds", "4", "--evaluations", "12", "--bootstrap", "0", "--actuator-network"]
     environ = {**os.environ, "LEGION_BENCH_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
     script = ROOT / "bench" / f"{name.split('[')[0]}.py"
+    if name == "peers":
+        mjlab = os.environ.get("MJLAB_PYTHON", str(tmp_path / "no-mjlab" / "python"))
+        args = ["--mjlab-python", mjlab, "--num-envs", "8", "--iterations", "3"]
+        if not os.path.isfile(mjlab):  # mjlab's venv is not part of the suite: the script says how to make it
+            result = subprocess.run([sys.executable, str(script), *args], env=environ, capture_output=True, text=True)
+            assert result.returncode == 2 and "no-mjlab/python: no such file; make mjlab's venv" in result.stderr
+            return
     result = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=environ,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
