@@ -11,8 +11,9 @@ mjlab pins mujoco-warp and mujoco 3.11 and rsl-rl 5.4, so it runs from a venv of
 Per framework and seed: the env-steps/s of its training iterations (each framework's own figure,
 collection and update together: legion-rl's progress line, rsl-rl's "Steps per second"; the median
 over the iterations after the first two, which compile and warm up) and the seconds from the
-command to its first iteration (building the sim, compiling kernels). The table's last column is
-legion-rl's env-steps/s over mjlab's; the JSON keeps every iteration's figure.
+command to its first iteration's report (building the sim, compiling kernels, that iteration).
+The table's last column is legion-rl's env-steps/s over mjlab's; the JSON keeps every iteration's
+figure.
 """
 
 import argparse
