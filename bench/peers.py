@@ -81,11 +81,10 @@ def main() -> None:
                      "--help shows")
     runs = [measure(framework, args, seed) for seed in args.seeds for framework in PROGRESS]
     rows = []
-    for seed in args.seeds:
-        ours, peer = (next(r for r in runs if r["seed"] == seed and r["framework"] == f) for f in PROGRESS)
-        for r in (ours, peer):
-            rows.append({k: v for k, v in r.items() if k != "per iteration"} |
-                        {"legion-rl / mjlab": ours["env-steps/s"] / peer["env-steps/s"] if r is ours else "-"})
+    for ours, peer in zip(runs[::2], runs[1::2]):  # legion-rl, then mjlab, per seed
+        ratio = ours["env-steps/s"] / peer["env-steps/s"]
+        rows += [{k: v for k, v in r.items() if k != "per iteration"} |
+                 {"legion-rl / mjlab": ratio if r is ours else "-"} for r in (ours, peer)]
     print_table(rows)
     print(f"wrote {write_json('peers', rows, runs=runs, args=vars(args))}")
 
