@@ -101,6 +101,16 @@ class Browser:
     def evaluate(self, expression: str):
         return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
 
+    def wait_for(self, expression: str, until=bool, timeout: float = 60.0, what: str = ""):
+        """Evaluates ``expression`` every half second until ``until(value)`` holds and returns the value:
+        pages on a loaded machine take their time, so a test waits for what it needs, not a fixed while."""
+        deadline = time.time() + timeout
+        while not until(value := self.evaluate(expression)):
+            if time.time() > deadline:
+                raise AssertionError(f"{what or expression} (waited {timeout:.0f} s; the page's errors: {self.errors})")
+            self.wait(0.5)
+        return value
+
     def screenshot(self) -> np.ndarray:
         """(H, W, 3) uint8 of the page (a software-rendered WebGL frame can take tens of seconds)."""
         import base64
