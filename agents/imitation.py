@@ -183,9 +183,21 @@ class ImitationRunner(Runner):
             total += loss.detach()  # summed on the device: one read per iteration, not one per step
         return total.item() / self.imitation.updates_per_iteration
 
+    def learning_rate(self, max_iterations: int | None) -> float:
+        """The rate of this iteration's steps: ``learning_rate``, or with ``learning_rate_final`` set,
+        on the line from one to the other over iterations 0 to ``max_iterations - 1``."""
+        start, final = self.imitation.learning_rate, self.imitation.learning_rate_final
+        if final is None:
+            return start
+        if max_iterations is None:
+            raise ValueError(f"agent.imitation.learning_rate_final={final} falls over the run's iterations: set "
+                             "agent.max_iterations too, or leave learning_rate_final unset (null) for a fixed rate.")
+        return start + (final - start) * min(1.0, self.iteration / max(1, max_iterations - 1))
+
     def learn(self, max_iterations: int | None = None) -> None:
         """Trains until ``max_iterations`` iterations (``None``: until stopped); Ctrl-C or SIGTERM
         stops after the current step with a checkpoint of the last complete iteration."""
+        self.learning_rate(max_iterations)  # a schedule without an end is refused before anything runs
         self._begin(max_iterations)
         obs = self.env.get_observations().to(self.device)
         start_iteration = self.iteration
@@ -207,6 +219,8 @@ class ImitationRunner(Runner):
                         losses, progress = {}, f"resumed: gathering samples, {self.samples:,} of {refill:,}"
                     else:
                         refill = 0
+                        for group in self.optimizer.param_groups:
+                            group["lr"] = self.learning_rate(max_iterations)
                         with self.update_threads.alone():  # nothing else computes meanwhile
                             loss = self._update()
                         losses = {"imitation": loss}
@@ -214,7 +228,7 @@ class ImitationRunner(Runner):
                     t2 = time.perf_counter()
                     self.iteration += 1
                     report = {**self.stats.end(), "iteration": self.iteration, "losses": losses,
-                              "learning_rate": self.imitation.learning_rate,
+                              "learning_rate": self.optimizer.param_groups[0]["lr"],
                               "action_std": action_std(self.ppo).mean().item(),
                               "collect_s": t1 - t0, "learn_s": t2 - t1, "wall_s": t2 - t0, "progress": progress}
                     self._book(report)

@@ -434,6 +434,9 @@ class Imitation:
     # policy=), or run:<run folder or checkpoint>, a trained teacher acting on its own policy observations
     expert: Optional[str] = None
     learning_rate: float = 1.0e-3
+    # if set, the rate falls linearly from learning_rate to this at the run's last iteration
+    # (agent.max_iterations): large steps while the student is far from the expert, small ones to settle
+    learning_rate_final: Optional[float] = None
     batch_size: int = 4096  # samples a gradient step (a recurrent student's: envs x steps of one rollout)
     updates_per_iteration: int = 50  # gradient steps on the data after each rollout
     max_samples: int = 1_000_000  # dagger: the oldest labelled samples past this many are dropped (whole rollouts)

@@ -81,6 +81,18 @@ def test_a_resumed_dagger_student_gathers_an_episode_of_samples_before_it_learns
     assert not all(torch.equal(a, b) for a, b in zip(weights, resumed.ppo.actor.parameters()))
 
 
+def test_dagger_lowers_its_learning_rate_over_the_run_to_the_final_one():
+    runner = make_runner(*SMALL, "agent=dagger", f"agent.imitation.expert={EXPERT}",
+                         "agent.imitation.learning_rate=1e-3", "agent.imitation.learning_rate_final=1e-4")
+    rates = []
+    runner.on_iteration.append(lambda r, iteration: rates.append(r.optimizer.param_groups[0]["lr"]))
+    runner.learn(4)
+    assert rates == pytest.approx([1e-3, 7e-4, 4e-4, 1e-4])  # the last iteration's steps at the final rate
+    with pytest.raises(ValueError, match=r"learning_rate_final=0.0001 falls over the run's iterations: set "
+                                         r"agent.max_iterations"):
+        runner.learn(None)
+
+
 def test_ppo_starts_from_a_cloned_policy(demos, tmp_path):
     bc = train(compose(*SMALL, "agent=bc", f"agent.imitation.demos=[{demos}]", "agent.max_iterations=5"),
                         tmp_path / "bc")
@@ -217,8 +229,7 @@ def test_a_recurrent_students_rollout_replays_to_the_actions_it_took(cartpole_te
     runner.learn(2)  # (the first iteration acts with the teacher's labels)
     actor = runner.ppo.actor
     actor.obs_normalizer.until = 0  # frozen, as the weights below: the rollout's acting and replay alike
-    for group in runner.optimizer.param_groups:
-        group["lr"] = 0.0
+    runner.imitation.learning_rate = 0.0  # (each iteration's steps take the configured rate)
     taken, step = [], runner.env.step
     runner.env.step = lambda actions: (taken.append(actions.clone()), step(actions))[1]
     runner.learn(12)  # ten rollouts on the same weights
