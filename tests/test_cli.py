@@ -215,8 +215,9 @@ def test_multirun_then_play(tmp_path):
         assert (run / "model_2.pt").is_file()
         assert f"seed: {seed}" in (run / "config.yaml").read_text()
     assert "[it 2/2]" in result.stdout and "steps/s" in result.stdout and "ETA" in result.stdout
-    precision = update_precision(compose("task=cartpole").agent, "cpu")  # what it chose, in its first lines
-    assert f"32 envs on cpu, 2 iterations, sync PPO (update in {precision})" in result.stdout
+    agent = compose("task=cartpole").agent  # what it chose, in its first lines
+    assert (f"32 envs on cpu, 2 iterations, sync PPO (learning rate adapted to KL {agent.algorithm.desired_kl:g}, "
+            f"entropy {agent.algorithm.entropy_coef:g}, update in {update_precision(agent, 'cpu')})") in result.stdout
 
     played = legion("play", f"run={runs[0]}", "episodes=3", "sim.num_envs=4", cwd=tmp_path)
     assert played.returncode == 0, played.stderr[-3000:]

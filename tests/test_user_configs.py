@@ -79,6 +79,29 @@ def test_configs_in_legion_config_path_are_found_by_name(tmp_path, monkeypatch):
 
 
 @needs_robots
+def test_a_task_takes_its_robots_learning_settings_from_a_tuning_file(tmp_path, monkeypatch):
+    """configs/tuning/<task>_<robot>.yaml, where it exists, sets one robot's agent for one task (the G1 on
+    biped_flat: a fixed rate and a tenth of the entropy bonus on a CPU); the command line still wins."""
+    def algorithm(*overrides):
+        a = compose(*overrides).agent.algorithm
+        return a.schedule, a.learning_rate, a.entropy_coef
+
+    assert algorithm("task=biped_flat", "robot=g1") == ("fixed", 5e-4, 0.001)
+    assert algorithm("task=biped_flat_deployable", "robot=g1") == ("fixed", 5e-4, 0.001)  # (its parent task's)
+    assert algorithm("task=biped_flat", "robot=g1", "device=cuda:0") == ("adaptive", 1e-3, 0.01)  # unmeasured there
+    assert algorithm("task=biped_flat") == algorithm("task=quadruped_flat", "robot=go2") == ("adaptive", 1e-3, 0.01)
+    assert algorithm("task=biped_flat", "robot=g1", "agent.algorithm.entropy_coef=0.003")[2] == 0.003
+    # a user's robot gets its own, from LEGION_CONFIG_PATH
+    mine = tmp_path / "mine"
+    (mine / "tuning").mkdir(parents=True)
+    (mine / "tuning" / "quadruped_flat_my_quadruped.yaml").write_text(
+        "# @package _global_\nagent: {algorithm: {entropy_coef: 0.002}}\n")
+    (mine / "robot").mkdir()
+    (mine / "robot" / "my_quadruped.yaml").write_text("# @package task.scene.robot\n" + MY_ROBOT)
+    monkeypatch.setenv("LEGION_CONFIG_PATH", str(mine))
+    assert algorithm("task=quadruped_flat", "robot=my_quadruped")[2] == 0.002
+
+
 def test_a_robot_of_your_own_from_urdf_to_exported_policy_with_the_wheel_installed(tmp_path):
     """As a user of `pip install legion-rl` has it: no checkout, no configs/ to copy into. inspect
     writes the robot YAML outside the package; train takes its path; play, eval and export of the

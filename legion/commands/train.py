@@ -108,8 +108,13 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
             learner = (f"{cfg.agent.learner.upper()} (replay {off.buffer_size} steps per env, batch {off.batch_size}, "
                        f"{off.update_to_data} updates per step, in {update_precision(cfg.agent, cfg.device)})")
         elif cfg.agent.mode in ("sync", "async"):
-            learner = f"{cfg.agent.mode} PPO (update in {update_precision(cfg.agent, cfg.device)})"
-        iterations = "until stopped" if cfg.agent.max_iterations is None else f"{cfg.agent.max_iterations} iterations"
+            a = cfg.agent.algorithm  # (a task may set them per robot: configs/tuning/)
+            rate = f"learning rate {a.learning_rate:g} fixed" if a.schedule == "fixed" else \
+                f"learning rate adapted to KL {a.desired_kl:g}"
+            learner = (f"{cfg.agent.mode} PPO ({rate}, entropy {a.entropy_coef:g}, "
+                       f"update in {update_precision(cfg.agent, cfg.device)})")
+        n = cfg.agent.max_iterations
+        iterations = "until stopped" if n is None else f"{n} iteration{'' if n == 1 else 's'}"
         stop = cfg.agent.stop_when
         if stop.goal:
             from legion.evaluation import METRICS
