@@ -102,6 +102,7 @@ def test_a_task_takes_its_robots_learning_settings_from_a_tuning_file(tmp_path, 
     assert algorithm("task=quadruped_flat", "robot=my_quadruped")[2] == 0.002
 
 
+@needs_robots
 def test_a_robot_of_your_own_from_urdf_to_exported_policy_with_the_wheel_installed(tmp_path):
     """As a user of `pip install legion-rl` has it: no checkout, no configs/ to copy into. inspect
     writes the robot YAML outside the package; train takes its path; play, eval and export of the
