@@ -54,7 +54,7 @@ def truth(exported: Path, reality, name: str, groups: dict) -> float:
     values = {"kp_scale": robot.kp_scale[joints], "kd_scale": robot.kd_scale[joints],
               "coulomb_friction": robot.model.dof_frictionloss[dofs],
               "viscous_friction": robot.model.dof_damping[dofs] - nominal.model.dof_damping[dofs],
-              "armature": robot.model.dof_armature[dofs]}[param]
+              "armature": robot.model.dof_armature[dofs], "backlash": robot.backlash[joints]}[param]
     return float(np.mean(values))
 
 

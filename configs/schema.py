@@ -45,8 +45,10 @@ class Actuator:
     ``legion calibrate ... actuator_network=true`` learns one from a robot's logs): a small MLP from
     each joint's recent position errors and velocities to its torque, evaluated at every physics
     step for all worlds, clipped to the effort limit (stiffness and damping then only size the
-    torque penalty's estimate). Values left None keep the model file's. The randomization events
-    scale these values per env.
+    torque penalty's estimate). A dc_motor's ``backlash`` is its gearbox's play: the PD law acts on
+    the position error less half the play (a dead zone), as a robot's reality file writes it
+    (``legion calibrate`` fits it). Values left None keep the model file's. The randomization
+    events scale these values per env (``joint_backlash`` draws the play).
     """
 
     joints: Any = ".*"  # regex (or list of regexes) over the robot's actuated joint names
@@ -60,6 +62,7 @@ class Actuator:
     armature: Optional[float] = None  # reflected rotor inertia [kg m^2]
     friction: Optional[float] = None  # joint friction loss [N m or N]
     delay: int = 0  # dc_motor: the motor acts on the targets of this many physics steps before (latency)
+    backlash: float = 0.0  # dc_motor: gear play [rad]; a position error within half of it either side drives nothing
 
 
 @dataclass

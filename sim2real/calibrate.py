@@ -23,7 +23,7 @@ the estimate is near zero): CMA-ES's step size is not an uncertainty. Every four
 held out: the RMSE there, nominal against calibrated, says whether the fit generalizes. With logs
 of both kinds, the motors fitted hung must also predict the torques of the held-out windows on the
 ground better than the nominal model; where they do not, they stand in for an effect the fitted
-model lacks (gear play) and are flagged (``inconsistent``). Writes
+model lacks (gear play not fitted, a torque-speed curve) and are flagged (``inconsistent``). Writes
 ``calibration.json``, ``reality_calibrated.yaml`` (a reality file of the estimates: ``legion
 sim2sim reality=<it>`` runs the calibrated model), ``task_calibrated.yaml`` (the run's task whose
 randomization is centred on the estimates, :func:`training_overlay`) and ``calibration.png``
@@ -59,9 +59,10 @@ if TYPE_CHECKING:
 PARAMETERS = {"kp_scale": (0.5, 1.5), "kd_scale": (0.3, 3.0), "coulomb_friction": (0.0, 1.0),
               "viscous_friction": (0.0, 0.5), "armature": (0.0, 0.1), "latency_ms": (0.0, 30.0),
               "added_mass_kg": (-3.0, 10.0), "com_x_m": (-0.08, 0.08), "com_y_m": (-0.08, 0.08),
-              "foot_friction": (0.1, 1.5)}
+              "foot_friction": (0.1, 1.5), "backlash": (0.0, 0.08)}
 NOMINAL = {"kp_scale": 1.0, "kd_scale": 1.0, "coulomb_friction": 0.0, "viscous_friction": 0.0, "armature": None,
-           "latency_ms": 0.0, "added_mass_kg": 0.0, "com_x_m": 0.0, "com_y_m": 0.0, "foot_friction": None}
+           "latency_ms": 0.0, "added_mass_kg": 0.0, "com_x_m": 0.0, "com_y_m": 0.0, "foot_friction": None,
+           "backlash": 0.0}
 # one value for the robot, not per joint group (foot friction: every contact with the ground)
 WHOLE_ROBOT = ("latency_ms", "added_mass_kg", "com_x_m", "com_y_m", "foot_friction")
 # what only logs of the robot standing or walking tell (a hung robot's feet touch nothing)
@@ -567,7 +568,7 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
 # What training randomizes for each fitted parameter (legion.tasks.mdp.events), and how an estimate
 # becomes that event's draw: the gains as scales of the model's, friction and armature as they are.
 TRAINING_EVENTS = {"kp_scale": "stiffness_scale", "kd_scale": "damping_scale", "coulomb_friction": "joint_friction",
-                   "armature": "joint_armature"}
+                   "armature": "joint_armature", "backlash": "joint_backlash"}
 
 
 def estimate_range(report: dict, name: str) -> tuple[float, float]:

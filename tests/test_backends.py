@@ -328,6 +328,35 @@ def test_the_command_latency_event_delays_the_go2s_dc_motors_alike_in_c_and_in_n
     assert moved[drawn == 0].max() == 0 and moved[drawn > 0].min() > 0.01, moved
 
 
+def test_the_joint_backlash_event_gives_the_go2s_motors_gear_play_alike_in_c_and_in_newton(monkeypatch):
+    """The event joint_backlash draws each calf motor's play per world (up to 0.1 rad here): the
+    Go2 moves alike with its motors stepped in step_worlds.c, in its Python fallback (bit for bit)
+    and by NewtonSim's newton.actuators, and not as without the play; a joint with no DC motor is
+    refused by name."""
+    go2 = ("task=quadruped_flat", "robot=go2", "sim.num_envs=4", "task.events.push.enabled=false")
+    play = "+task.events.play={func: joint_backlash, mode: startup, range: [0, %g], params: {joints: '.*_calf_joint'}}"
+    actions = 0.5 * torch.randn(4, 4, 12, generator=torch.Generator().manual_seed(0))
+    envs = {"c": make_env(*go2, play % 0.1), "c-python": make_env(*go2, play % 0.1), "none": make_env(*go2, play % 0)}
+    envs["c-python"].sim.solver._loop = None
+    monkeypatch.setattr(MuJoCoC, "_motors", lambda self, sim, template: [])  # the motors left to NewtonSim
+    envs["newton"] = make_env(*go2, play % 0.1)
+    drawn = envs["c"].sim.motor_backlash
+    calves = [i for i, name in enumerate(envs["c"].robot.joint_names) if name.endswith("calf_joint")]
+    assert len(calves) == 4 and drawn[:, calves].min() > 0 and drawn[:, calves].max() <= 0.1
+    assert drawn.sum() == drawn[:, calves].sum()  # the other motors have none
+    assert torch.equal(envs["newton"].sim.motor_backlash, drawn)
+    for action in actions:
+        for e in envs.values():
+            e.step(action)
+    c, python, newton, none = (envs[name].sim.robot.joint_pos for name in ("c", "c-python", "newton", "none"))
+    assert torch.equal(c, python)
+    assert torch.allclose(c, newton, atol=2e-4)  # float32 Newton vs float64 C
+    assert (c - none).abs().max() > 0.01
+
+    with pytest.raises(ValueError, match=r"joint_backlash: joints \[.*'FL_hip_joint'.*\] have no dc_motor actuator"):
+        make_env("task=quadruped_flat", "sim.num_envs=2", play.replace(".*_calf_joint", ".*") % 0.1)
+
+
 def _pd_network(path, kp: float, kd: float, history: int = 3) -> None:
     """An actuator network that is a PD law exactly: relu(x) - relu(-x) = x, on the present error and
     velocity (the older instants of its history weighted 0)."""

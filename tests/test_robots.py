@@ -165,6 +165,36 @@ def test_a_motor_delay_holds_the_old_target_for_its_physics_steps_and_a_reset_fo
     assert torque[0] < -5.0 and torque[1] > 0.0  # world 0 brakes towards 0 now; world 1 still pushes on
 
 
+@pytest.mark.parametrize("backend", ["c", "c-python", "warp"])
+def test_gear_play_is_a_dead_zone_of_the_motor_per_world(tmp_path, backend):
+    """backlash=0.2 rad: a target within half the play of the wheel drives nothing, one beyond it
+    drives kp times the error less 0.1; world 1, its play set to 0, is driven by the whole error.
+    The same on Newton's actuators (warp), in step_worlds.c (c) and in its Python fallback."""
+    (tmp_path / "flywheel.xml").write_text(FLYWHEEL)
+    motor = Actuator(joints="spin", model="dc_motor", stiffness=100.0, damping=0.0, effort_limit=50.0,
+                     saturation_effort=50.0, velocity_limit=1.0e3, backlash=0.2)
+    scene = Scene(robot=Robot(file=str(tmp_path / "flywheel.xml"), actuators={"wheel": motor}), ground=None,
+                  contact_sensing=False)
+    sim = NewtonSim(scene, num_envs=2, dt=0.002, decimation=1, backend=backend.removesuffix("-python"))
+    if backend == "c-python":
+        sim.solver._loop = None
+    assert sim.motor_backlash[:, 0].tolist() == pytest.approx([0.2, 0.2])
+    sim.motor_backlash[1] = 0.0
+    sim.robot.joint_pos_target[:] = 0.08  # within the play's half
+    for _ in range(20):
+        sim.step()
+    assert sim.motor_torque[0, 0] == 0.0 and sim.robot.joint_pos[0, 0] == 0.0  # no torque: the wheel stays
+    assert sim.robot.joint_pos[1, 0] > 0.01  # driven by 100 x 0.08 at first
+    sim.robot.joint_pos[:], sim.robot.joint_vel[:] = 0.0, 0.0
+    sim.reset(torch.tensor([True, True]))
+    sim.robot.joint_pos_target[:] = 0.15
+    sim.step()  # one physics step: the torque of the wheel at rest
+    assert sim.motor_torque[:, 0].tolist() == pytest.approx([5.0, 15.0], rel=1e-5)
+    with pytest.raises(ValueError, match=r"backlash=-0.1: gear play is >= 0 \[rad\] and needs model: dc_motor"):
+        scene.robot.actuators = {"wheel": Actuator(joints="spin", backlash=-0.1)}
+        NewtonSim(scene, num_envs=1, dt=0.002, decimation=1)
+
+
 @needs_robots
 def test_a_short_training_of_the_panda_moves_its_gripper_to_the_cube(seed, learned):
     """arm_lift on the Panda, 40 iterations of 128 envs: the deterministic policy's 2 s return rises

@@ -23,17 +23,17 @@ task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calib
 (held-out windows: logged, nominal and calibrated joint positions and torques).
 
   params=           which to fit: kp_scale, kd_scale (the drivers' effective gains), coulomb_friction
-                    [N m], viscous_friction [N m s/rad], armature [kg m^2] (every joint alike, or
-                    per group), latency_ms, added_mass_kg, com_x_m, com_y_m (a payload on the base
-                    and its centre of mass), foot_friction (of every contact with the ground: where
-                    the feet slip); the last four from logs of the robot standing or walking,
-                    hung=false
+                    [N m], viscous_friction [N m s/rad], armature [kg m^2], backlash [rad] (gear
+                    play; every joint alike, or per group), latency_ms, added_mass_kg, com_x_m,
+                    com_y_m (a payload on the base and its centre of mass), foot_friction (of
+                    every contact with the ground: where the feet slip); the last four from logs
+                    of the robot standing or walking, hung=false
   log=              a folder of logs, or several, comma-separated, fitted together (e.g. a chirp
                     with the robot hung, which pins the motors, and a walk, which pins the payload
                     and the floor: log=logs/chirp,logs/walk hung=true,false); motors fitted hung
                     that predict the held-out torques on the ground worse than the nominal model
-                    compensate for what the model lacks (gear play): flagged INCONSISTENT, and the
-                    task file keeps the task's own randomization of them
+                    compensate for what the model lacks (unfitted gear play): flagged
+                    INCONSISTENT, and the task file keeps the task's own randomization of them
   hung=true         the logs are of the robot hung (its base held still); false: standing or
                     walking, each window started from the logged base pose and velocity; one value
                     for every log folder, or one per folder

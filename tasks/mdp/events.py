@@ -240,6 +240,24 @@ def joint_armature(env, mask, draw, joints: Selection = ".*"):
     env.sim.params_changed("joint_armature")
 
 
+@event(modes=("startup",), domain=(0.0, math.inf))
+def joint_backlash(env, mask, draw, joints: Selection = ".*"):
+    """Gear play U(range) [rad] of each selected joint's DC motor, per joint: its PD acts on the
+    position error less half the play either side. The joints must be driven by ``dc_motor``
+    actuators (the implicit PD runs inside the solver, with no dead zone). At startup only: it
+    reads the selection back to the host."""
+    sim = env.sim
+    motor_joints = sim.motor_joint_ids.tolist()
+    chosen = joints.tolist()
+    if not set(chosen) <= set(motor_joints):
+        names = [env.robot.joint_names[j] for j in chosen if j not in motor_joints]
+        raise ValueError(f"joint_backlash: joints {names} have no dc_motor actuator (gear play is a DC motor's); "
+                         "select dc_motor joints (task.scene.robot.actuators) or give them model: dc_motor.")
+    columns = torch.tensor([motor_joints.index(j) for j in chosen], device=sim.device)
+    current = sim.motor_backlash[:, columns]
+    sim.motor_backlash[:, columns] = where(mask, draw(len(chosen)), current)
+
+
 @event(modes=("startup", "reset"), domain=(0.0, math.inf))
 def action_delay(env, mask, draw):
     """Actuator latency: actions reach the joints U{range} whole control steps late, per env."""

@@ -181,6 +181,10 @@ def joint_actuators(robot: RobotCfg, joint_names: list[str]) -> list[ActuatorCfg
             raise ValueError(f"task.scene.robot.actuators.{group}.delay: a delay needs model: dc_motor (the implicit "
                              "PD runs inside the solver, on the current target); for the whole action use the "
                              "action_delay event.")
+        if actuator.backlash < 0 or (actuator.backlash and actuator.model != "dc_motor"):
+            raise ValueError(f"task.scene.robot.actuators.{group}.backlash={actuator.backlash}: gear play is >= 0 "
+                             "[rad] and needs model: dc_motor (the implicit PD runs inside the solver, with no dead "
+                             "zone).")
         if actuator.model == "dc_motor" and (actuator.saturation_effort is None or actuator.velocity_limit is None):
             raise ValueError(f"task.scene.robot.actuators.{group}: a dc_motor needs saturation_effort [N m] and "
                              "velocity_limit [rad/s] (the torque-speed line of the motor's datasheet).")

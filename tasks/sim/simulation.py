@@ -118,6 +118,9 @@ class NewtonSim:
         self.cameras = Cameras(self, scene, _WARP_LOCK) if scene.cameras else None
         self.motor_cfgs = {i: a for i, a in enumerate(joint_actuators(scene.robot, self.robot.joint_names))
                            if a is not None and a.model == "dc_motor"}  # robot joint index -> its dc_motor
+        # (num_envs, motors) [rad] each dc_motor's gear play: its config's, drawn per env by the event joint_backlash
+        self.motor_backlash = torch.tensor([[a.backlash for a in self.motor_cfgs.values()]] * num_envs,
+                                           dtype=torch.float32, device=device).view(num_envs, -1)
         # After the views (it reads shapes_per_world) and the motors (the C backend may step them itself)
         self.solver = solver_adapter(self, dict(solver_options or {}))
         self.solver_limits = wp.to_torch(self.solver.limits)  # overwritten by every step
@@ -241,7 +244,7 @@ class NewtonSim:
         self.motor_joint_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         if not ids or self.solver.steps_motors:
             return
-        from newton.actuators import Actuator, ClampingDCMotor, Delay, DrivePD
+        from newton.actuators import Actuator, ClampingDCMotor, Delay
 
         n, k, device = self.num_envs, len(ids), self.device
         dofs, coords = self.joint_qd.shape[1], self.joint_q.shape[1]
@@ -262,7 +265,8 @@ class NewtonSim:
         self.motors = Actuator(
             indices=wp.array([w * dofs + d0 + i for w in range(n) for i in ids], dtype=wp.uint32, device=device),
             pos_indices=wp.array([w * coords + q0 + i for w in range(n) for i in ids], dtype=wp.uint32, device=device),
-            drive=DrivePD(kp=kp, kd=kd), clamping=[clamp], delay=delay, control_feedforward_attr=None)
+            drive=_drive_with_backlash(kp, kd, wp.from_torch(self.motor_backlash.view(-1))), clamping=[clamp],
+            delay=delay, control_feedforward_attr=None)
         # The delay's history: read from one state, written to the other, swapped every physics step.
         self._motor_states = [s for s in (self.motors.state(), self.motors.state()) if s is not None] or None
         self._motor_reset = torch.zeros(n, k, dtype=torch.bool, device=device)  # per motor: its world's reset
@@ -535,6 +539,7 @@ class NewtonSim:
         """Restores :meth:`state_dict` (same scene and ``num_envs``); raises ValueError naming what
         does not fit, restoring nothing."""
         views = self._state_views()
+        state = {"motor_backlash": views["motor_backlash"], **state}  # (a checkpoint from before it existed)
         if set(state) != set(views) or any(state[k].shape != views[k].shape for k in views):
             raise ValueError(f"the saved simulation state does not fit this scene: it holds "
                              f"{sorted((k, tuple(v.shape)) for k, v in state.items())}, this sim "
@@ -545,7 +550,7 @@ class NewtonSim:
 
     def _state_views(self) -> dict[str, torch.Tensor]:
         """:meth:`state_dict`'s entries as live views (writing one writes the simulation)."""
-        views = {name: getattr(self, name) for name in (*_STATE_VIEWS, *PARAM_FLAGS)}
+        views = {name: getattr(self, name) for name in (*_STATE_VIEWS, *PARAM_FLAGS, "motor_backlash")}
         views |= {f"{name}.default_root_pose": e.default_root_pose for name, e in self.scene.items()
                   if getattr(e, "default_root_pose", None) is not None}
         views |= {f"motors.{i}": wp.to_torch(a) for i, a in enumerate(self._motor_arrays())}
@@ -604,6 +609,40 @@ class NewtonSim:
             inverse = torch.linalg.inv_ex(torch.where(invertible[..., None, None], inertia, eye)).inverse
             self._body_inv_inertia.copy_(torch.where(invertible[..., None, None], inverse, 0.0))
         self.solver.publish(changed)
+
+
+@wp.kernel
+def _pd_with_backlash(current_pos: wp.array[float], current_vel: wp.array[float], target_pos: wp.array[float],
+                      target_vel: wp.array[float], feedforward: wp.array[float], pos_indices: wp.array[wp.uint32],
+                      vel_indices: wp.array[wp.uint32], target_pos_indices: wp.array[wp.uint32],
+                      target_vel_indices: wp.array[wp.uint32], kp: wp.array[float], kd: wp.array[float],
+                      backlash: wp.array[float], efforts: wp.array[float]):
+    i = wp.tid()
+    error = target_pos[target_pos_indices[i]] - current_pos[pos_indices[i]]
+    # the error less half the play either side (exactly the error without play)
+    error = wp.sign(error) * wp.max(wp.abs(error) - 0.5 * backlash[i], 0.0)  # pyright: ignore[reportCallIssue, reportArgumentType]
+    ff = float(0.0)  # noqa: UP018 (a Warp variable, not a constant: assigned below)
+    if feedforward:  # (a delay's, zeros)
+        ff = feedforward[target_vel_indices[i]]
+    velocity_error = target_vel[target_vel_indices[i]] - current_vel[vel_indices[i]]
+    efforts[i] = ff + kp[i] * error + kd[i] * velocity_error  # pyright: ignore[reportIndexIssue]
+
+
+def _drive_with_backlash(kp: wp.array, kd: wp.array, backlash: wp.array):
+    """Newton's DrivePD (explicit mode) on the position error less half each motor's gear play
+    ``backlash`` [rad] either side (the C backend's motors: step_worlds.c's dead zone)."""
+    from newton.actuators import DrivePD
+
+    class DrivePDWithBacklash(DrivePD):
+        evaluate_force = None  # no implicit mode: the dead zone is not in Newton's implicit solve
+
+        def compute(self, positions, velocities, target_pos, target_vel, feedforward, pos_indices, vel_indices,
+                    target_pos_indices, target_vel_indices, forces, state, dt, device=None, *, custom_inputs=None):
+            wp.launch(_pd_with_backlash, dim=len(forces), device=device,
+                      inputs=[positions, velocities, target_pos, target_vel, feedforward, pos_indices, vel_indices,
+                              target_pos_indices, target_vel_indices, self.kp, self.kd, backlash], outputs=[forces])
+
+    return DrivePDWithBacklash(kp=kp, kd=kd)
 
 
 def _allocated(array: wp.array | None) -> wp.array:

@@ -419,6 +419,11 @@ class MuJoCoC(MuJoCo):
         self._contact_readings = self.sensors[:, :contacts]
         self._motor_readings = torch.from_numpy(self.sensors[:, contacts:])
         self._targets = sim.control.joint_target_q.numpy().reshape(n, -1)  # the motors' ctrl
+        # The motors' gear play (step_worlds.c: dead_zone): their joints' qpos addresses, and the
+        # sim's (num_envs, motors) play, passed to the loop at a step where any world has some.
+        self._motor_qpos = m.jnt_qposadr[m.actuator_trnid[: len(motors), 0]].astype(np.int64)
+        self._backlash = sim.motor_backlash.numpy()
+        self._play = None
         d = self.solver.mjw_data
         # MuJoCo Warp's data on the CPU: numpy views of its (num_envs, ...) arrays, no copies.
         self._d = {name: getattr(d, name).numpy().reshape(n, -1)
@@ -620,6 +625,7 @@ class MuJoCoC(MuJoCo):
         graphs = self._graphs
         if before_each_step is not None:
             before_each_step()
+        self._play = self._backlash if self.steps_motors and self._backlash.any() else None
         self._late = None
         if late is not None:
             assert before_each_step is None, "a late command is stepped in C, not by an actuator model"
@@ -689,9 +695,11 @@ class MuJoCoC(MuJoCo):
         model, data = self._thread_models[thread], self._datas[thread]
         memory, slots = self._writes[thread]
         late_ctrl, split = self._late or (None, None)
+        play, motor_qpos, ctrl = self._play, self._motor_qpos, self.columns["ctrl"]
         if self._loop is not None:
             _step_in_c(self._loop, self._lib, model, data, self.mj_model, self.states, self._spec, memory, slots,
-                       self._world_values, self.sensors, worlds, steps, self.columns["ctrl"].start, late_ctrl, split)
+                       self._world_values, self.sensors, worlds, steps, ctrl.start, late_ctrl, split,
+                       motor_qpos, play)
             return
         set_state, get_state, sensor_acc = self._lib.mj_setState, self._lib.mj_getState, self._lib.mj_sensorAcc
         copy_bytes, mj_step, spec, values = ctypes.memmove, self._mj_step, self._spec, self._world_values
@@ -706,12 +714,24 @@ class MuJoCoC(MuJoCo):
             state = row + world * row_bytes
             set_state(m, d, state, spec)
             first = int(split[world]) if split is not None else 0
-            if first:  # the first physics steps on the older ctrl, the rest on the row's (step_worlds.c's order)
-                assert late_ctrl is not None
-                data.ctrl[:] = late_ctrl[world]
-                mj_step(model, data, first)
-                data.ctrl[:] = self.states[world, self.columns["ctrl"]]
-            mj_step(model, data, steps - first)
+            if play is not None:  # step_worlds.c's dead_zone before each physics step
+                targets, motors = self.states[world, ctrl], slice(0, len(motor_qpos))
+                for k in range(steps):
+                    commanded = late_ctrl[world] if k < first else targets  # pyright: ignore[reportOptionalSubscript]
+                    data.ctrl[:] = commanded
+                    q = data.qpos[motor_qpos]
+                    error, half = commanded[motors] - q, 0.5 * play[world].astype(np.float64)
+                    data.ctrl[motors] = q + np.where(error > half, error - half,
+                                                     np.where(error < -half, error + half, 0.0))
+                    mj_step(model, data, 1)
+                data.ctrl[:] = targets  # the row keeps its targets
+            else:
+                if first:  # the first physics steps on the older ctrl, the rest on the row's (step_worlds.c's order)
+                    assert late_ctrl is not None
+                    data.ctrl[:] = late_ctrl[world]
+                    mj_step(model, data, first)
+                    data.ctrl[:] = self.states[world, ctrl]
+                mj_step(model, data, steps - first)
             get_state(m, d, state, spec)
             if nbytes:
                 sensor_acc(sensing, d)
@@ -781,11 +801,14 @@ class MuJoCoC(MuJoCo):
 
 def _step_in_c(loop, lib, model, data, sensing, states: np.ndarray, spec: int, memory: np.ndarray,
                slots: np.ndarray, values: np.ndarray, sensors: np.ndarray, worlds: range, steps: int,
-               ctrl_column: int = 0, late_ctrl: np.ndarray | None = None, split: np.ndarray | None = None) -> None:
+               ctrl_column: int = 0, late_ctrl: np.ndarray | None = None, split: np.ndarray | None = None,
+               motor_qpos: np.ndarray | None = None, backlash: np.ndarray | None = None) -> None:
     """The worlds ``worlds`` stepped by step_worlds.c (:func:`_world_loop`) with ``model`` and
     ``data``: each world's ``values`` scattered into ``memory`` at ``slots``, its row of ``states``
     (``spec``) set, ``steps`` physics steps (the first ``split`` of them, where given, on its row of
-    ``late_ctrl``, the rest on the row's ctrl at ``ctrl_column``), the row read back, and where
+    ``late_ctrl``, the rest on the row's ctrl at ``ctrl_column``; with ``backlash``, (num_envs,
+    motors) float32 gear play, the first motors' ctrl through its dead zone before each, their
+    joints' positions at ``motor_qpos``), the row read back, and where
     ``sensors`` has columns, the sensors of ``sensing`` evaluated into the world's row. Raises
     ``mujoco.FatalError`` naming the world where MuJoCo reported an error (the thread's data then
     reset)."""
@@ -798,7 +821,9 @@ def _step_in_c(loop, lib, model, data, sensing, states: np.ndarray, spec: int, m
         memory.ctypes.data, slots.ctypes.data, slots.size, values.ctypes.data,
         sensors.ctypes.data, sensors.shape[1], data.sensordata.ctypes.data, *functions,
         worlds.start, worlds.stop, steps, data.ctrl.ctypes.data, model.nu, ctrl_column,
-        None if late_ctrl is None else late_ctrl.ctypes.data, None if split is None else split.ctypes.data)
+        None if late_ctrl is None else late_ctrl.ctypes.data, None if split is None else split.ctypes.data,
+        data.qpos.ctypes.data, None if motor_qpos is None else motor_qpos.ctypes.data,
+        0 if motor_qpos is None else len(motor_qpos), None if backlash is None else backlash.ctypes.data)
     if failed >= 0:
         mujoco.mj_resetData(model, data)  # MuJoCo left it mid-step
         raise mujoco.FatalError(f"world {failed}: {loop.last_error().decode()}")
@@ -884,7 +909,7 @@ def _load_world_loop(mujoco_library: ctypes.CDLL) -> ctypes.CDLL | None:
     pointer, size = ctypes.c_void_p, ctypes.c_longlong
     loop.step_worlds.argtypes = [pointer, pointer, pointer, pointer, size, ctypes.c_int, pointer, pointer, size,
                                  pointer, pointer, size, pointer, pointer, pointer, pointer, pointer, size, size,
-                                 ctypes.c_int, pointer, size, size, pointer, pointer]
+                                 ctypes.c_int, pointer, size, size, pointer, pointer, pointer, pointer, size, pointer]
     loop.step_worlds.restype = size
     loop.last_error.restype = ctypes.c_char_p
     handler = ctypes.c_void_p.in_dll(mujoco_library, "mju_user_error")
