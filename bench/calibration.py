@@ -6,8 +6,9 @@ One row per fitted value: the reality's value (the mean over the group's joints)
 its error, whether the logs pin it down, and per reality the held-out joint RMSE, nominal model
 against calibrated, and the seconds the fit took.
 
-    python bench/calibration.py --run <Go2 run or export> [--realities go2_worn_motors go2_payload go2_backlash]
-        [--params kp_scale kd_scale coulomb_friction armature latency_ms] [--groups calf:.*_calf_joint ...]
+    python bench/calibration.py --run <Go2 run or export>
+        [--realities go2_worn_motors go2_payload go2_backlash go2_gear_play]
+        [--params kp_scale kd_scale coulomb_friction armature latency_ms [backlash]] [--groups calf:.*_calf_joint ...]
         [--seconds 20] [--evaluations 2400] [--bootstrap 4] [--workers N]
     python bench/calibration.py --run <Go2 run> --standing --params kp_scale added_mass_kg --amplitude 0.05 \
         --groups   # standing on the floor: the payload from the stance legs' torques
@@ -61,7 +62,8 @@ def truth(exported: Path, reality, name: str, groups: dict) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="a Go2 run folder with exported/, or the export itself")
-    parser.add_argument("--realities", nargs="+", default=["go2_worn_motors", "go2_payload", "go2_backlash"])
+    parser.add_argument("--realities", nargs="+", default=["go2_worn_motors", "go2_payload", "go2_backlash",
+                                                             "go2_gear_play"])
     parser.add_argument("--params", nargs="+", default=["kp_scale", "kd_scale", "coulomb_friction", "armature",
                                                          "latency_ms"])
     parser.add_argument("--groups", nargs="*", default=["calf:.*_calf_joint", "upper:.*_(hip|thigh)_joint"],

@@ -285,25 +285,33 @@ class Fit:
         """The drivers' kp and kd scales per joint group fitted to the logged torques by least
         squares, ``tau_est = kp (q* - q) - kd dq`` at each logged tick (the tick's target acting by
         then, the joints' state of the physics step before it; whatever the legs carry): where the
-        motion lets latency trade against the gains, the torques do not. Only the scales among
-        ``names``; {} where the logs hold no torques."""
+        motion lets latency trade against the gains, the torques do not. Where gear play is fitted
+        too, its dead zone is in the law: ``kp (e - sign(e) b / 2)`` is linear in kp and kp b, fitted
+        where ``|e|`` is past the play (a second pass, once the first has sized it); else a lower kp
+        would stand in for the play. Only the values among ``names``; {} where the logs hold no
+        torques."""
         if self.torque_scale is None:
             return {}
         from legion.sim2real.deploy.mujoco_robot import motor_gains
 
         kp, kd = motor_gains(self.metadata)[:2]
         step, names, out = self.metadata.physics_dt, self.metadata.joint_names, {}
+        play = "backlash" in {_base(name) for name in self.names}
         for label, pattern in (self.groups or {"": ".*"}).items():
             joints = [k for k, joint in enumerate(names) if re.fullmatch(pattern, joint)]
-            rows, torques = [], []
-            for w in self.windows:
-                q, dq = w.joint_pos[1:, joints], w.joint_vel[1:, joints]
-                rows.append(np.stack([(kp[joints] * (w.targets[:, joints] - q + step * dq)).ravel(),
-                                      (-kd[joints] * dq).ravel()], axis=1))
-                torques.append(w.joint_torque[1:, joints].ravel())  # pyright: ignore[reportOptionalSubscript]
-            scales = np.linalg.lstsq(np.concatenate(rows), np.concatenate(torques), rcond=None)[0]
+            # every tick of every window, the group's joints side by side: (ticks, joints)
+            error = np.concatenate([w.targets[:, joints] - w.joint_pos[1:, joints] + step * w.joint_vel[1:, joints]
+                                    for w in self.windows])
+            dq = np.concatenate([w.joint_vel[1:, joints] for w in self.windows])
+            torque = np.concatenate([w.joint_torque[1:, joints] for w in self.windows])  # pyright: ignore[reportOptionalSubscript]
+            columns = [kp[joints] * error, -kd[joints] * dq] + ([-0.5 * kp[joints] * np.sign(error)] if play else [])
+            rows, used = np.stack([c.ravel() for c in columns], 1), np.ones(error.size, bool)
             suffix = f"@{label}" if self.groups else ""
-            out |= {f"kp_scale{suffix}": scales[0], f"kd_scale{suffix}": scales[1]}
+            for _ in range(2 if play else 1):  # with play, the second fit where the error is past it
+                scales = np.linalg.lstsq(rows[used], torque.ravel()[used], rcond=None)[0]
+                backlash = max(scales[2] / scales[0], 0.0) if play and scales[0] > 0 else 0.0
+                out |= {f"kp_scale{suffix}": scales[0], f"kd_scale{suffix}": scales[1], f"backlash{suffix}": backlash}
+                used = np.abs(error.ravel()) > 0.5 * backlash
         return {name: float(np.clip(value, *PARAMETERS[_base(name)])) for name, value in out.items()
                 if name in self.names}
 

@@ -14,7 +14,7 @@ from conftest import export_untrained_run, legion_in_process, make_env
 from legion.configs import compose
 from legion.sim2real.reality import Joints, Latency, Reality, RealityRobot, load_reality
 
-SHIPPED = ("go2_worn_motors", "go2_payload", "go2_backlash")
+SHIPPED = ("go2_worn_motors", "go2_payload", "go2_backlash", "go2_gear_play")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_a_reality_the_robot_cannot_be_made_of_is_refused_naming_what_is_wrong(g
         RealityRobot(go2["mjb"], go2["meta"], load_reality(_reality(tmp_path, "joints: {'.*_knee': {kp_scale: 0.5}}")))
     with pytest.raises(ValueError, match=r"physics_hz=300 does not divide the caller's step of 5 ms"):
         RealityRobot(go2["mjb"], go2["meta"], Reality(physics_hz=300))
-    with pytest.raises(ValueError, match=r"no such file, nor a shipped reality \(go2_backlash, go2_payload"):
+    with pytest.raises(ValueError, match=r"no such file, nor a shipped reality \(go2_backlash, go2_gear_play, go2_payload"):
         load_reality("go2_on_ice")
 
 
