@@ -1,11 +1,13 @@
-"""What an actuator network costs: the Go2's env-steps/s with its legs driven by their DC motors
-(the C backend steps them inside its compiled loop; Warp's by Newton's actuators) against the
-same legs driven by an actuator network of Hwangbo et al.'s size (3 instants of error and
-velocity, two hidden layers of 32 softsign units), evaluated in torch before every physics step
-for all worlds (on the C backend the worlds then come back from C after each physics step).
+"""What an actuator network and gear play cost: the Go2's env-steps/s with its legs driven by
+their DC motors (the C backend steps them inside its compiled loop; Warp's by Newton's actuators)
+against the same legs driven by an actuator network of Hwangbo et al.'s size (3 instants of
+error and velocity, two hidden layers of 32 softsign units), evaluated in torch before every
+physics step for all worlds (on the C backend the worlds then come back from C after each
+physics step), and against the DC motors with gear play (the event joint_backlash, 0.02-0.06 rad:
+a dead zone in their PD law, inside the compiled loop on the C backend).
 
-Per backend and num_envs: env-steps/s of LegionEnv.step with random actions for both drives, in
-turns of ``--chunk`` control steps (a busy machine slows them alike), and the network's over the
+Per backend and num_envs: env-steps/s of LegionEnv.step with random actions for each drive, in
+turns of ``--chunk`` control steps (a busy machine slows them alike), and each one's over the
 DC motors' time per step.
 
     python bench/actuator_network.py [--num-envs 256 1024] [--steps 40] [--backends c warp]
@@ -36,7 +38,8 @@ def hwangbo_network(path: Path) -> str:
 def measure(backend: str, num_envs: int, steps: int, chunk: int, network: str, device: str = "cpu") -> dict:
     drives = {"dc_motor": (), "network": [f"{plus}task.scene.robot.actuators.{group}.{key}"
                                           for group in ("hip_thigh", "knee")
-                                          for plus, key in (("", "model=network"), ("+", f"network={network}"))]}
+                                          for plus, key in (("", "model=network"), ("+", f"network={network}"))],
+              "gear play": ["+task.events.play={func: joint_backlash, mode: startup, range: [0.02, 0.06]}"]}
     envs = {name: make_env(compose("task=quadruped_flat", "robot=go2", f"sim.num_envs={num_envs}", f"device={device}",
                                    f"sim.backend={backend}", *overrides)) for name, overrides in drives.items()}
     seconds = {name: 0.0 for name in envs}
@@ -54,9 +57,9 @@ def measure(backend: str, num_envs: int, steps: int, chunk: int, network: str, d
                 seconds[name] += time.perf_counter() - t
     done = max(1, steps // chunk) * chunk * num_envs
     return {"device": device, "backend": backend, "num_envs": num_envs,
-            "dc_motor env-steps/s": round(done / seconds["dc_motor"]),
-            "network env-steps/s": round(done / seconds["network"]),
-            "network / dc_motor time": round(seconds["network"] / seconds["dc_motor"], 2)}
+            **{f"{name} env-steps/s": round(done / seconds[name]) for name in envs},
+            **{f"{name} / dc_motor time": round(seconds[name] / seconds["dc_motor"], 2) for name in envs
+               if name != "dc_motor"}}
 
 
 def main():
