@@ -62,7 +62,8 @@ def test_a_reality_the_robot_cannot_be_made_of_is_refused_naming_what_is_wrong(g
         RealityRobot(go2["mjb"], go2["meta"], load_reality(_reality(tmp_path, "joints: {'.*_knee': {kp_scale: 0.5}}")))
     with pytest.raises(ValueError, match=r"physics_hz=300 does not divide the caller's step of 5 ms"):
         RealityRobot(go2["mjb"], go2["meta"], Reality(physics_hz=300))
-    with pytest.raises(ValueError, match=r"no such file, nor a shipped reality \(go2_backlash, go2_gear_play, go2_payload"):
+    with pytest.raises(ValueError, match=r"no such file, nor a shipped reality \(go2_backlash, go2_gear_play, "
+                                         r"go2_payload"):
         load_reality("go2_on_ice")
 
 
