@@ -716,13 +716,13 @@ class MuJoCoC(MuJoCo):
             first = int(split[world]) if split is not None else 0
             if play is not None:  # step_worlds.c's dead_zone before each physics step
                 targets, motors = self.states[world, ctrl], slice(0, len(motor_qpos))
+                half = 0.5 * play[world].astype(np.float64)
                 for k in range(steps):
                     commanded = late_ctrl[world] if k < first else targets  # pyright: ignore[reportOptionalSubscript]
                     data.ctrl[:] = commanded
                     q = data.qpos[motor_qpos]
-                    error, half = commanded[motors] - q, 0.5 * play[world].astype(np.float64)
-                    data.ctrl[motors] = q + np.where(error > half, error - half,
-                                                     np.where(error < -half, error + half, 0.0))
+                    error = commanded[motors] - q
+                    data.ctrl[motors] = q + np.sign(error) * np.maximum(np.abs(error) - half, 0.0)
                     mj_step(model, data, 1)
                 data.ctrl[:] = targets  # the row keeps its targets
             else:
