@@ -119,6 +119,20 @@ class _Float32Linear(torch.nn.Linear):
             return super().forward(input.float())
 
 
+def _head(mlp: MLP, layer_norm: bool) -> torch.nn.Sequential:
+    """A critic's MLP, with a LayerNorm after each hidden layer's linear map where ``layer_norm``."""
+    if not layer_norm:
+        return mlp
+    layers = list(mlp)
+    last = max(i for i, layer in enumerate(layers) if isinstance(layer, torch.nn.Linear))
+    normed = []
+    for i, layer in enumerate(layers):
+        normed.append(layer)
+        if isinstance(layer, torch.nn.Linear) and i < last:
+            normed.append(torch.nn.LayerNorm(layer.out_features))
+    return torch.nn.Sequential(*normed)
+
+
 class Critics(torch.nn.Module):
     """Two Q-functions of (critic observation, action) on one normalizer, each an MLP with one output,
     or ``num_atoms`` logits of a return distribution (distributional). ``heads`` lets the target
@@ -130,8 +144,8 @@ class Critics(torch.nn.Module):
         dim = sum(obs[group].shape[-1] for group in self.obs_groups)
         network = cfg.critic
         self.obs_normalizer = EmpiricalNormalization(dim) if network.obs_normalization else torch.nn.Identity()
-        self.heads = torch.nn.ModuleList(MLP(dim + num_actions, outputs, network.hidden_dims, network.activation)
-                                         for _ in range(2))
+        self.heads = torch.nn.ModuleList(_head(MLP(dim + num_actions, outputs, network.hidden_dims, network.activation),
+                                               cfg.off_policy.layer_norm) for _ in range(2))
 
     def forward(self, obs: TensorDict, actions: torch.Tensor, heads=None) -> torch.Tensor:
         """(2, B, outputs)."""

@@ -185,6 +185,8 @@ def main():
     else:
         previous = None
         learner = [f"agent={args.mode}"] if args.mode in ("sac", "td3") else [f"agent.mode={args.mode}"]
+        if any(o.startswith("agent=") for o in args.overrides):  # a preset of the mode's, e.g. agent=sac_efficient
+            learner = []
         overrides = [f"task={args.task}", *learner, f"device={args.device}",
                      "agent.max_iterations=null", "agent.save_interval=1000000", "agent.save_every_minutes=null",
                      "agent.log_interval=10", *([f"sim.num_envs={args.num_envs}"] if args.num_envs else []),

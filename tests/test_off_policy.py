@@ -263,6 +263,31 @@ def test_a_distributional_prioritized_sac_trains_without_non_finite_numbers():
     assert float(runner.buffer.priorities[:runner.buffer.size].std()) > 0  # the TD errors set them
 
 
+def test_layer_norm_critics_keep_their_values_bounded_however_large_their_inputs():
+    """agent.off_policy.layer_norm (on in agent=sac_efficient): each hidden layer's output is
+    normalized, so a critic's value can never exceed what its last hidden layer's unit-variance
+    features reach through the output layer (|Q| <= ||w|| sqrt(width) + |b|), where a plain
+    critic's grows with its input."""
+    values = {}
+    for layer_norm, agent in ((False, "sac"), (True, "sac_efficient")):
+        cfg = compose("task=cartpole", f"agent={agent}", "agent.critic.obs_normalization=false", "agent.precision=fp32")
+        assert cfg.agent.off_policy.layer_norm == layer_norm
+        torch.manual_seed(0)
+        obs = one_step(8, 0.0)
+        obs["policy"] = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+        critics = OffPolicyLearner(obs, 1, 8, cfg.agent, "cpu").critic
+        norms = [m for head in critics.heads for m in head if isinstance(m, torch.nn.LayerNorm)]
+        assert len(norms) == (2 * len(cfg.agent.critic.hidden_dims) if layer_norm else 0)
+        with torch.no_grad():
+            values[layer_norm] = [critics(TensorDict({"policy": obs["policy"] * scale}, batch_size=[8]),
+                                          torch.zeros(8, 1)).abs().max() for scale in (1.0, 1e4)]
+            if layer_norm:
+                bound = max(float(head[-1].weight.norm() * head[-1].weight.shape[1] ** 0.5 + head[-1].bias.abs())
+                            for head in critics.heads)
+    assert values[False][1] > 100 * values[False][0]
+    assert values[True][1] <= bound and values[True][1] < 10 * values[True][0]
+
+
 @pytest.mark.parametrize("learner", ["sac", "td3"])
 def test_a_bf16_gradient_step_moves_the_weights_as_fp32_does_with_fp32_outputs(learner):
     """agent.precision=bf16: from the same state (weights, optimizers, buffer, random generator), the
