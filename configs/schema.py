@@ -500,8 +500,9 @@ class OffPolicy:
     actor_learning_rate: float = 3.0e-4
     critic_learning_rate: float = 3.0e-4
     weight_decay: float = 0.0  # AdamW's
-    # LayerNorm after each of the critics' hidden layers (Ball et al. 2023, RLPD): keeps their values
-    # bounded when each sample is replayed many times (high update_to_data, few envs)
+    # LayerNorm after each of the critics' hidden layers (Ball et al. 2023, RLPD): their values stay
+    # bounded however large their inputs (on in agent=sac_efficient; on quadruped_flat it learned as
+    # fast without: BENCHMARKS.md, Off-policy learners)
     layer_norm: bool = False
     max_grad_norm: float = 0.0  # 0: no clipping
     action_bound: float = 1.0  # the actor's actions are action_bound * tanh(.), exported so
