@@ -277,8 +277,9 @@ class LegionEnv(VecEnv):
                 tensor, replace = terms[path]
                 if tensor.shape == value.shape:
                     tensor.copy_(value)
-                else:  # a buffer sized at its first use (an event's values): the saved one in its place
-                    replace(value.clone())
+                else:  # a buffer sized at its first use (an event's values): the saved one in its place,
+                    with torch.inference_mode(False):  # a normal tensor, as the first use makes it: an
+                        replace(value.clone())  # off-policy rollout (no_grad) updates it in place
             for key, value in state["observations"].items():
                 self._observations[key].copy_(value)
 

@@ -349,6 +349,24 @@ def test_off_policy_checkpoints_resume_bit_for_bit(tmp_path, actor):
             assert torch.equal(a, b)
 
 
+def test_a_resumed_off_policy_run_goes_on_pushing_the_robots_its_checkpoint_had_pushed(tmp_path):
+    """An event's values are sized at its first draw (a push draws 2 numbers per world): resumed,
+    the checkpoint's values take their place, and the off-policy rollout (no_grad, not inference
+    mode) draws into them in place again. Pushes every 0.1 s: the first iteration has some."""
+    overrides = ("task=quadruped_flat", "sim.num_envs=4", "agent=sac", "agent.num_steps_per_env=8",
+                 "agent.off_policy.batch_size=16", "agent.off_policy.learning_starts=2",
+                 "task.events.push.interval_s=[0.1,0.1]")
+    first = make_runner(*overrides, log_dir=tmp_path)
+    first.learn(1)
+    pushed = first.env.events.terms["push"].values.clone()
+    assert pushed.shape == (4, 2) and pushed.isfinite().all()
+    resumed = make_runner(*overrides)
+    resumed.load(tmp_path / "model_1.pt")
+    assert torch.equal(resumed.env.events.terms["push"].values, pushed)
+    resumed.learn(2)
+    assert not torch.equal(resumed.env.events.terms["push"].values, pushed)
+
+
 @pytest.mark.parametrize("learner", ["sac", "td3"])
 def test_the_policy_is_the_exponential_average_of_the_actor_at_its_steps_and_resumes(tmp_path, learner):
     """agent.off_policy.policy_average=0.25: after every actor step (every policy_delay-th update) the
