@@ -210,6 +210,40 @@ def test_ppo_keeps_its_rollout_images_in_float16_and_learns_from_them():
     assert not all(torch.equal(a, b) for a, b in zip(before, cnn.parameters()))
 
 
+def test_a_pixel_policys_filters_stay_channels_last_through_a_checkpoint_and_convolve_as_nchw_ones(tmp_path):
+    """oneDNN convolves channels-last filters ~1.5x faster on a CPU (bench/update.py --cnn-layouts), so
+    the CNNs are built so; the actor acts as it would with NCHW filters, and a checkpoint saved from
+    NCHW filters (an older one's) loads into channels-last ones."""
+    from conftest import make_runner
+
+    overrides = ("task=quadruped_flat", "sim.num_envs=4", "agent.num_steps_per_env=4", WALL, FRONT,
+                 "+task.observations.policy_depth={depth: {func: depth_image, params: {camera: front}}}")
+    runner = make_runner(*overrides, log_dir=tmp_path)
+    runner.learn(1)
+    actor, obs = runner.ppo.actor, runner.env.get_observations()
+    filters = [m for m in actor.modules() if isinstance(m, torch.nn.Conv2d)]
+
+    def channels_last(conv):  # each pixel's channels next to each other (also a 1-channel filter's)
+        return conv.weight.is_contiguous(memory_format=torch.channels_last) and conv.weight.stride(1) == 1
+
+    assert len(filters) == 3 and all(map(channels_last, filters))
+    with torch.inference_mode():
+        acted = actor(obs)
+    for conv in filters:
+        conv.to(memory_format=torch.contiguous_format)
+    assert not any(map(channels_last, filters[1:]))
+    with torch.inference_mode():
+        expected = actor(obs)
+    assert (acted - expected).abs().max() <= 1e-5 and expected.abs().max() > 0.01
+
+    path = runner.save()
+    resumed = make_runner(*overrides, env=runner.env)
+    resumed.load(path)
+    loaded = [m for m in resumed.ppo.actor.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert all(map(channels_last, loaded))
+    assert all(torch.equal(a.weight, b.weight) for a, b in zip(loaded, filters))
+
+
 def test_a_pixel_policy_trains_exports_and_runs_in_the_edge_runtime_as_in_training(tmp_path, monkeypatch):
     """A ``policy_<name>`` image group goes to the actor through rsl-rl's CNN model; `legion export`
     writes it with the image group as an ONNX input of its own and the camera in the contract; the
