@@ -183,10 +183,12 @@ class ImitationRunner(Runner):
             total += loss.detach()  # summed on the device: one read per iteration, not one per step
         return total.item() / self.imitation.updates_per_iteration
 
-    def learning_rate(self, max_iterations: int | None) -> float:
+    def learning_rate(self) -> float:
         """The rate of this iteration's steps: ``learning_rate``, or with ``learning_rate_final`` set,
-        on the line from one to the other over iterations 0 to ``max_iterations - 1``."""
+        on the line from one to the other over the run's iterations 0 to ``agent.max_iterations - 1``
+        (however many each :meth:`learn` call runs: a resumed run, a benchmark's chunks)."""
         start, final = self.imitation.learning_rate, self.imitation.learning_rate_final
+        max_iterations = self.cfg.max_iterations
         if final is None:
             return start
         if max_iterations is None:
@@ -197,7 +199,7 @@ class ImitationRunner(Runner):
     def learn(self, max_iterations: int | None = None) -> None:
         """Trains until ``max_iterations`` iterations (``None``: until stopped); Ctrl-C or SIGTERM
         stops after the current step with a checkpoint of the last complete iteration."""
-        self.learning_rate(max_iterations)  # a schedule without an end is refused before anything runs
+        self.learning_rate()  # a schedule without an end is refused before anything runs
         self._begin(max_iterations)
         obs = self.env.get_observations().to(self.device)
         start_iteration = self.iteration
@@ -220,7 +222,7 @@ class ImitationRunner(Runner):
                     else:
                         refill = 0
                         for group in self.optimizer.param_groups:
-                            group["lr"] = self.learning_rate(max_iterations)
+                            group["lr"] = self.learning_rate()
                         with self.update_threads.alone():  # nothing else computes meanwhile
                             loss = self._update()
                         losses = {"imitation": loss}

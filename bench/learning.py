@@ -192,6 +192,9 @@ def main():
                      "agent.log_interval=10", *([f"sim.num_envs={args.num_envs}"] if args.num_envs else []),
                      *args.overrides]
         cfg = compose(*overrides)
+        if cfg.agent.imitation.learning_rate_final is not None and cfg.agent.max_iterations is None:
+            # a rate that falls over the run's iterations keeps the task's count (the clock still stops it)
+            cfg = compose(*(o for o in overrides if o != "agent.max_iterations=null"))
     group = None
     if distributed.launched():  # an evaluation keeps the other ranks waiting: allow it an hour
         group, device = distributed.join(cfg.device, timeout_s=3600)

@@ -82,15 +82,20 @@ def test_a_resumed_dagger_student_gathers_an_episode_of_samples_before_it_learns
 
 
 def test_dagger_lowers_its_learning_rate_over_the_run_to_the_final_one():
-    runner = make_runner(*SMALL, "agent=dagger", f"agent.imitation.expert={EXPERT}",
-                         "agent.imitation.learning_rate=1e-3", "agent.imitation.learning_rate_final=1e-4")
+    """Over the run's agent.max_iterations, however many iterations each learn() call runs (a
+    benchmark's chunks of minutes, a resumed run)."""
+    schedule = ("agent=dagger", f"agent.imitation.expert={EXPERT}", "agent.imitation.learning_rate=1e-3",
+                "agent.imitation.learning_rate_final=1e-4")
+    runner = make_runner(*SMALL, *schedule, "agent.max_iterations=4")
     rates = []
     runner.on_iteration.append(lambda r, iteration: rates.append(r.optimizer.param_groups[0]["lr"]))
+    runner.learn(2)
     runner.learn(4)
     assert rates == pytest.approx([1e-3, 7e-4, 4e-4, 1e-4])  # the last iteration's steps at the final rate
+    endless = make_runner(*SMALL, *schedule, "agent.max_iterations=null", env=runner.env)
     with pytest.raises(ValueError, match=r"learning_rate_final=0.0001 falls over the run's iterations: set "
                                          r"agent.max_iterations"):
-        runner.learn(None)
+        endless.learn(1)
 
 
 def test_ppo_starts_from_a_cloned_policy(demos, tmp_path):
