@@ -767,6 +767,7 @@ def test_sim2sim_matched_physics_reproduces_newton(trained, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Newton (training engine)" in result.stdout and "MuJoCo C (edge runtime)" in result.stdout
     assert "(+0.5, +0.0, +0.0)" in result.stdout and "latency p50" in result.stdout
+    assert "not restored" not in result.stderr  # the events sim2sim turns off are no config that changed
     table = json.loads((tmp_path / "sim2sim.json").read_text())
     for newton, mujoco in zip(table["newton"], table["mujoco"]):
         assert newton["command"] == mujoco["command"] and newton["survived_s"] == pytest.approx(0.4)
