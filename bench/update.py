@@ -54,7 +54,7 @@ def worker(task: str, num_envs: int, threads: list[int], repeats: int, cnn_layou
     cfg = compose(f"task={task}", f"sim.num_envs={num_envs}", *mode, *overrides)
     torch.manual_seed(cfg.seed)
     env = make_env(with_teacher_observations(cfg))
-    runner = make_runner(env, cfg.agent, **imitation_inputs(cfg.agent, env))
+    runner = make_runner(env, cfg.agent, device=cfg.device, **imitation_inputs(cfg.agent, env))
     owner = runner.learner if isinstance(runner, OffPolicyRunner) else runner.ppo
     for conv in (m for net in (owner.actor, owner.critic) for m in net.modules() if isinstance(m, torch.nn.Conv2d)):
         # the CNNs' filters, before any optimizer state
