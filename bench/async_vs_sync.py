@@ -1,4 +1,4 @@
-"""Asynchronous vs synchronous PPO, side by side in one run: wall-clock throughput and learning.
+r"""Asynchronous vs synchronous PPO, side by side in one run: wall-clock throughput and learning.
 
 For each task, seed and mode, trains the same number of iterations from the same seed and
 reports env-steps/s over the whole run (wall clock; building the env is excluded), the

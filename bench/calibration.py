@@ -1,4 +1,4 @@
-"""How well `legion calibrate` recovers a robot it cannot see: for each reality, a chirp excitation
+r"""How well `legion calibrate` recovers a robot it cannot see: for each reality, a chirp excitation
 logged from the hung robot made of it (or, with --walking, the policy walking on the floor),
 through the control loop in simulated time (what `legion deploy excite=chirp log=...` writes
 against `legion bridge reality=... hung=true`), then the fit.

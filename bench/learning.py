@@ -1,4 +1,4 @@
-"""Learning against the clock: train a task from scratch for a wall-clock budget and measure the
+r"""Learning against the clock: train a task from scratch for a wall-clock budget and measure the
 policy with `legion eval`'s metrics as it learns.
 
 Training runs in chunks; after every ``--eval-every`` minutes of training (and at 0 and at the

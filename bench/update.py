@@ -1,4 +1,4 @@
-"""The learner's update on a CPU (PPO's, SAC's/TD3's with ``agent=sac|td3``, a DAgger student's with
+r"""The learner's update on a CPU (PPO's, SAC's/TD3's with ``agent=sac|td3``, a DAgger student's with
 ``agent=dagger``): samples/s at each thread count, in each precision of the update's products
 (``agent.precision``), under each of MKL's numerical modes and torch's CPU dispatches, for a pixel
 policy in each memory layout of its CNNs' filters, and whether the weights come out the same on
