@@ -56,9 +56,9 @@ def worker(task: str, num_envs: int, threads: list[int], repeats: int, cnn_layou
     env = make_env(with_teacher_observations(cfg))
     runner = make_runner(env, cfg.agent, device=cfg.device, **imitation_inputs(cfg.agent, env))
     owner = runner.learner if isinstance(runner, OffPolicyRunner) else runner.ppo
+    layout = torch.channels_last if cnn_layout == "channels_last" else torch.contiguous_format
     for conv in (m for net in (owner.actor, owner.critic) for m in net.modules() if isinstance(m, torch.nn.Conv2d)):
         # the CNNs' filters, before any optimizer state
-        layout = torch.channels_last if cnn_layout == "channels_last" else torch.contiguous_format
         conv.to(memory_format=layout)  # pyright: ignore[reportCallIssue]  (Module.to takes it; its stubs do not)
     if isinstance(runner, ImitationRunner):  # an iteration's gradient steps on the samples one rollout labelled
         actor, optimizer, generator = runner.ppo.actor, runner.optimizer, runner.generator
