@@ -521,18 +521,6 @@ def mean_row(rows: list[dict]) -> dict:
     return {**{k: float(np.mean([r[k] for r in rows])) for k in keys}, "fell": int(sum(r["fell"] for r in rows))}
 
 
-def _load_with_events_off(run: Path, checkpoint, events: list[str], overrides: list[str]):
-    """The run loaded with the named event terms off: the ranges its checkpoint holds for them go
-    unrestored, as meant here (no warning of a config that changed)."""
-    import warnings
-
-    from legion.api import load_run
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Saved randomization ranges")
-        return load_run(run, checkpoint, [*(f"++task.events.{name}.enabled=false" for name in events), *overrides])
-
-
 def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: float = 10.0,
             commands=DEFAULT_COMMANDS, physics: str = "mjcf", realtime: bool = False, overrides=(),
             robustness: bool = False, episodes: int = 50, pushes: dict | None = None, reality=None) -> dict:
@@ -552,6 +540,7 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     episode a stand-in with that physics (``"reality"``: its name). Raises ValueError (and the
     load/export errors) for a bad request.
     """
+    from legion.api import load_run
     from legion.configs import load_run_config
     from legion.sim2real.deploy import OnnxPolicy
     from legion.sim2real.export import export_run
@@ -567,7 +556,8 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
 
         reality = load_reality(reality)
     commands = np.asarray(commands, dtype=np.float32).reshape(-1, 3)
-    loaded = _load_with_events_off(run, checkpoint, list(task.events), [f"sim.num_envs={len(commands)}", *overrides])
+    still = [f"sim.num_envs={len(commands)}"] + [f"++task.events.{name}.enabled=false" for name in task.events]
+    loaded = load_run(run, checkpoint, [*still, *overrides])
     env, settings = loaded.env, loaded.cfg
     if not isinstance(env.command, VelocityCommand) or not env.robot.floating_base:
         raise ValueError(f"task {settings.task.name} has no velocity command or no floating base; sim2sim compares "
@@ -634,6 +624,7 @@ def compare_goals(run: Path, checkpoint=None, onnx: Path | None = None, episodes
     """
     import torch
 
+    from legion.api import load_run
     from legion.configs import load_run_config
     from legion.sim2real.deploy import ControlLoop, OnnxPolicy, PolicyRunner
     from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
@@ -641,8 +632,8 @@ def compare_goals(run: Path, checkpoint=None, onnx: Path | None = None, episodes
     from legion.tasks.mdp.commands import PoseCommand, PositionCommand
 
     task = load_run_config(run).task
-    changing = [name for name, event in task.events.items() if event.mode != "reset"]  # the model's parameters
-    loaded = _load_with_events_off(run, checkpoint, changing, [f"sim.num_envs={episodes}", *overrides])
+    still = [f"++task.events.{name}.enabled=false" for name, event in task.events.items() if event.mode != "reset"]
+    loaded = load_run(run, checkpoint, [f"sim.num_envs={episodes}", *still, *overrides])
     env, settings = loaded.env, loaded.cfg
     command, success = env.command, task.success
     if (not isinstance(command, PositionCommand) or isinstance(command, PoseCommand) or success is None

@@ -272,12 +272,12 @@ class EventManager:
         skipped = []
         for name, entry in state.get("randomization", {}).items():
             term = self.terms.get(name)
-            if term is None or not term.enabled:
+            if term is None:
                 skipped.append(name)
-                continue
-            term.set_range(*entry["range"])
+            elif term.enabled:  # a term this config turns off (sim2sim, a user's override) is off on purpose
+                term.set_range(*entry["range"])
         if skipped:
-            warnings.warn(f"Saved randomization ranges of {skipped} not restored: no such enabled event term now.",
+            warnings.warn(f"Saved randomization ranges of {skipped} not restored: no such event term now.",
                           stacklevel=2)
 
 
