@@ -2,6 +2,7 @@
 restitution; draws stay in range and follow the seed; nothing goes NaN at the range edges."""
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -230,6 +231,15 @@ def test_curriculum_widens_ranges_logs_them_and_state_dict_restores_them():
     for _ in range(10):
         env.step(ZERO)
     assert env.events.ranges()["root_vel"] == (-1.0, 1.0)  # fully widened, and no further
+    # a saved range for a term that is gone warns; one for a term this config turns off is skipped quietly
+    with pytest.warns(UserWarning, match=r"ranges of \['gone'\] not restored: no such event term"):
+        env.load_state_dict({"randomization": {"gone": saved["randomization"]["root_vel"]}})
+    env.events.terms["root_vel"].enabled = False  # as ++task.events.root_vel.enabled=false builds it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env.load_state_dict(saved)
+    term = env.events.terms["root_vel"]
+    assert (term.low, term.high) == (-1.0, 1.0)  # not restored into the disabled term
 
 
 def test_an_interval_curriculum_makes_pushes_stronger_and_more_frequent():
