@@ -314,9 +314,22 @@ class _OnnxEstimatorModel(torch.nn.Module):
 
 def update(ppo: PPO) -> dict[str, float]:
     """rsl-rl's ``PPO.update``, and the actor's estimator's regression loss (the mean over the
-    update's mini-batches) among its losses as ``estimator``."""
-    losses = ppo.update()
+    update's mini-batches) among its losses as ``estimator``.
+
+    An update whose weights went NaN part-way does not finish in rsl-rl: the next mini-batch's
+    sampling raises inside torch ("normal expects all elements of std >= 0.0"). That update returns
+    NaN losses instead (its rollout cleared, as a finished update leaves it), so that
+    :func:`restore_if_nonfinite` skips it as it skips one that finished NaN."""
     actor = ppo.actor
+    try:
+        losses = ppo.update()
+    except RuntimeError as error:
+        if "normal expects all elements of std" not in str(error):
+            raise
+        ppo.storage.clear()
+        if isinstance(actor, EstimatorModel):
+            actor.loss_sum, actor.loss_count = torch.zeros(()), 0
+        return dict.fromkeys(("value", "surrogate", "entropy"), math.nan)
     if isinstance(actor, EstimatorModel) and actor.loss_count:
         losses["estimator"] = actor.loss_sum.item() / actor.loss_count
         actor.loss_sum, actor.loss_count = torch.zeros(()), 0

@@ -308,17 +308,23 @@ def test_ctrl_c_handled_inside_a_finalizer_still_stops_training_within_a_second(
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_nan_update_is_skipped_for_the_last_good_weights_and_repeated_ones_stop_with_a_checkpoint(
         env, tmp_path, mode, capsys):
-    """NaN weights injected after update 2 (once), then after every update from 4 on."""
+    """NaN weights part-way through update 2 (once: its first mini-batch makes the action std NaN and
+    the next one's sampling raises inside torch), then after every update from 4 on."""
     runner = _runner(f"agent.mode={mode}", "agent.save_interval=1", "agent.max_nonfinite_updates=2",
                      env=env, log_dir=tmp_path)
     update, updates = runner.ppo.update, []
 
+    def poison():
+        with torch.no_grad():
+            runner.ppo.actor.mlp[0].weight[0, 0] = float("nan")
+
     def update_then_poison():
-        losses = update()
         updates.append(1)
-        if len(updates) == 2 or len(updates) >= 4:
-            with torch.no_grad():
-                runner.ppo.actor.mlp[0].weight[0, 0] = float("nan")
+        if len(updates) == 2:
+            poison()
+        losses = update()
+        if len(updates) >= 4:
+            poison()
         return losses
 
     runner.ppo.update = update_then_poison
@@ -330,8 +336,8 @@ def test_a_nan_update_is_skipped_for_the_last_good_weights_and_repeated_ones_sto
     for cause in ("agent.algorithm.learning_rate=0.001", "task.rewards", "task.observations scale",
                   "obs_normalization"):
         assert cause in message
-    assert ("iteration 2: the PPO update made actor NaN/Inf; it was skipped and the weights from before it restored "
-            "(1 in a row; 2 stop training") in out
+    assert ("iteration 2: the PPO update made value loss, surrogate loss, entropy loss, actor NaN/Inf; it was skipped "
+            "and the weights from before it restored (1 in a row; 2 stop training") in out
     assert "iteration 3: the PPO" not in out and "iteration 4: the PPO" in out and "iteration 5: the PPO" in out
     assert _no_worker_threads()
 
