@@ -321,6 +321,11 @@ def test_a_nan_update_is_skipped_for_the_last_good_weights_and_repeated_ones_sto
     def update_then_poison():
         updates.append(1)
         if len(updates) == 2:
+            # Async saves the published copy as the main thread books each iteration: let it book 1
+            # before this update (cut short by the NaN) publishes 2, so that model_1.pt is iteration 1's.
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "model_1.pt").is_file() and time.monotonic() < deadline:
+                time.sleep(0.01)
             poison()
         losses = update()
         if len(updates) >= 4:
