@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from legion.sim2real.deploy.contract import PolicyContract
-from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot, motor_gains, pd_torque
+from legion.sim2real.deploy.mujoco_robot import MotorClip, MuJoCoRobot, motor_gains
 
 
 @dataclass
@@ -190,7 +190,7 @@ class RealityRobot(MuJoCoRobot):
         if unmatched:
             raise ValueError(f"reality {reality.name}: joints {unmatched} match none of the policy's joints "
                              f"({', '.join(names)})")
-        self.motor_limits = (effort, saturation, v_limit)
+        self.motor_clip = MotorClip(effort, saturation, v_limit)
         base = self.root_body
         if reality.base.added_mass_kg:
             # The payload's mass sits at the offset centre of mass; the base's inertia grows with its mass.
@@ -237,20 +237,25 @@ class RealityRobot(MuJoCoRobot):
         d = self.data
         if q_target is not None:
             self.send(q_target, kp, kd, dq_target, tau_ff)
+        half_step = 0.5 * self.model.opt.timestep
+        play = self.backlash.any()
         for _ in range(self.substeps):
-            # what has arrived by now (within half a step: the clock is a sum of floats); the newest acts
-            now = d.time + 0.5 * self.model.opt.timestep
-            arrived = [c for c in self.in_flight if c[0] <= now]
-            if arrived:
-                self.acting = max(arrived, key=lambda c: c[0])[1:]
-                self.in_flight = [c for c in self.in_flight if c[0] > now]
+            if self.in_flight:
+                # what has arrived by now (within half a step: the clock is a sum of floats); the newest acts
+                now = d.time + half_step
+                arrived = [c for c in self.in_flight if c[0] <= now]
+                if arrived:
+                    self.acting = max(arrived, key=lambda c: c[0])[1:]
+                    self.in_flight = [c for c in self.in_flight if c[0] > now]
             q_star, p, v, dq_star, ff = self.acting
             q, dq = d.qpos[self.qpos_ids], d.qvel[self.qvel_ids]
             error = q_star - q
-            error = np.sign(error) * np.maximum(np.abs(error) - 0.5 * self.backlash, 0.0)
-            self.tau = pd_torque(q + error, q, dq, p * self.kp_scale, v * self.kd_scale, *self.motor_limits,
-                                 dq_target=dq_star, tau_ff=ff)
-            self.network_torques(q_star, q, dq, self.tau, self.motor_limits[0], ff)  # (a calibration's)
+            if play:  # (without play this is the error itself, bit for bit)
+                error = np.sign(error) * np.maximum(np.abs(error) - 0.5 * self.backlash, 0.0)
+            tau = (p * self.kp_scale) * ((q + error) - q) + (v * self.kd_scale) * (dq_star - dq) + ff
+            self.tau = self.motor_clip(tau, dq)
+            if self.networks:  # (a calibration's)
+                self.network_torques(q_star, q, dq, self.tau, self.motor_clip.high, ff)
             d.qfrc_applied[self.qvel_ids] = self.tau
             self.mj_step()
 

@@ -30,22 +30,38 @@ from legion.sim2real.deploy.contract import PolicyContract
 
 def pd_torque(q_target, q, dq, kp, kd, effort_limit, saturation=None, velocity_limit=None,
               dq_target: ArrayLike = 0.0, tau_ff: ArrayLike = 0.0) -> np.ndarray:
-    """Per joint: the torque [N m] of ``kp (q* - q) + kd (dq* - dq) + tau_ff``, clipped to
-    ``effort_limit`` and, where ``saturation`` [N m] and ``velocity_limit`` [rad/s] are given (not
-    NaN), to a DC motor's torque-speed line: Newton's ``ClampingDCMotor`` (what training used),
-    ``max = min(sat (1 - v / v_lim), effort_limit)``, ``min = max(sat (-1 - v / v_lim), -effort_limit)``
-    with v clamped to the line's corner speed."""
+    """Per joint: the torque [N m] of ``kp (q* - q) + kd (dq* - dq) + tau_ff``, clipped as
+    :class:`MotorClip` clips it."""
     tau = np.asarray(kp) * (np.asarray(q_target) - q) + np.asarray(kd) * (dq_target - np.asarray(dq)) + tau_ff
-    high, low = np.asarray(effort_limit, np.float64), -np.asarray(effort_limit, np.float64)
-    if saturation is not None:
-        sat, v_lim = np.asarray(saturation, np.float64), np.asarray(velocity_limit, np.float64)
+    return MotorClip(effort_limit, saturation, velocity_limit)(tau, dq)
+
+
+class MotorClip:
+    """The motors' clip of a torque: to ``effort_limit`` and, where ``saturation`` [N m] and
+    ``velocity_limit`` [rad/s] are given (not NaN), to a DC motor's torque-speed line: Newton's
+    ``ClampingDCMotor`` (what training used), ``max = min(sat (1 - v / v_lim), effort_limit)``,
+    ``min = max(sat (-1 - v / v_lim), -effort_limit)`` with v clamped to the line's corner speed.
+
+    Its constants are worked out once: a replay calls it at every physics step, where NumPy's
+    per-call overhead, not the arithmetic, is the cost. A joint without a line gets an infinite one
+    (saturation, velocity limit and corner speed), which leaves its effort limit as the bound."""
+
+    def __init__(self, effort_limit, saturation=None, velocity_limit=None):
+        self.high = np.array(effort_limit, np.float64)
+        sat = np.broadcast_to(np.inf if saturation is None else np.asarray(saturation, np.float64), self.high.shape)
+        v_lim = np.broadcast_to(np.inf if velocity_limit is None else np.asarray(velocity_limit, np.float64),
+                                self.high.shape)
         motor = np.isfinite(sat) & np.isfinite(v_lim)
+        self.sat, self.v_lim = np.where(motor, sat, np.inf), np.where(motor, v_lim, np.inf)
         with np.errstate(invalid="ignore", divide="ignore"):
-            corner = np.where(sat > 0, v_lim * (1.0 + high / sat), v_lim)
-            v = np.clip(dq, -corner, corner)
-            high = np.where(motor, np.minimum(sat * (1.0 - v / v_lim), high), high)
-            low = np.where(motor, np.maximum(sat * (-1.0 - v / v_lim), low), low)
-    return np.clip(tau, low, high)
+            self.corner = np.where(motor, np.where(sat > 0, v_lim * (1.0 + self.high / sat), v_lim), np.inf)
+
+    def __call__(self, tau: np.ndarray, dq) -> np.ndarray:
+        """``tau`` [N m] clipped at joint speeds ``dq`` [rad/s]."""
+        speed = np.minimum(np.maximum(dq, -self.corner), self.corner) / self.v_lim
+        high = np.minimum(self.sat * (1.0 - speed), self.high)
+        low = np.maximum(self.sat * (-1.0 - speed), -self.high)
+        return np.minimum(np.maximum(tau, low), high)
 
 
 def motor_gains(metadata: PolicyContract) -> tuple[np.ndarray, ...]:
@@ -155,6 +171,7 @@ class MuJoCoRobot:
         action_joints = metadata.action.joint_ids
         if self.explicit_pd:  # the PD law (and the motors' clip) as training ran it, before every step
             self.gains = motor_gains(metadata)
+            self.motor_clip = MotorClip(*self.gains[2:])
         elif not driven[action_joints].all():
             missing = [names[j] for j in action_joints if not driven[j]]
             raise ValueError(f"{where}: joints {missing} have no actuator; add <position> actuators.")
@@ -308,11 +325,12 @@ class MuJoCoRobot:
             self.targets = np.asarray(q_target, np.float64)
         d = self.data
         if self.explicit_pd:
-            p, v, effort, saturation, v_limit = self.gains
+            p, v = self.gains[:2]
             q, dq = d.qpos[self.qpos_ids], d.qvel[self.qvel_ids]
-            tau = pd_torque(self.targets, q, dq, p if kp is None else kp, v if kd is None else kd, effort, saturation,
-                            v_limit, dq_target, tau_ff)
-            self.network_torques(self.targets, q, dq, tau, effort, tau_ff)
+            tau = (np.asarray(p if kp is None else kp) * (self.targets - q)
+                   + np.asarray(v if kd is None else kd) * (dq_target - dq) + tau_ff)
+            tau = self.motor_clip(tau, dq)
+            self.network_torques(self.targets, q, dq, tau, self.motor_clip.high, tau_ff)
             d.qfrc_applied[self.qvel_ids] = tau
         else:
             if kp is not None or kd is not None:
