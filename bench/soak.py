@@ -10,6 +10,7 @@ by at most 5% from minute --settle on; every snapshot loads; SIGTERM ends the ru
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,6 +74,10 @@ def main():
           f"minute {args.settle} to {args.minutes}, SIGTERM exit code {exit_code}: goal "
           f"{'met' if summary['goal_met'] else 'NOT met'}")
     print(f"wrote {write_json('soak', samples, task=args.task, num_envs=args.num_envs, **summary)}")
+    if summary["goal_met"]:  # a minute's snapshot each: kept only where there is something to look into
+        shutil.rmtree(folder)
+    else:
+        print(f"the run and its log stay in {folder}")
 
 
 if __name__ == "__main__":
