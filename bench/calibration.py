@@ -9,7 +9,7 @@ against calibrated, and the seconds the fit took.
     python bench/calibration.py --run <Go2 run or export>
         [--realities go2_worn_motors go2_payload go2_backlash go2_gear_play]
         [--params kp_scale kd_scale coulomb_friction armature latency_ms [backlash]] [--groups calf:.*_calf_joint ...]
-        [--seconds 20] [--evaluations 2400] [--bootstrap 4] [--workers N]
+        [--seconds 20] [--evaluations 2400] [--bootstrap 200] [--workers N]
     python bench/calibration.py --run <Go2 run> --standing --params kp_scale added_mass_kg --amplitude 0.05 \
         --groups   # standing on the floor: the payload from the stance legs' torques
     python bench/calibration.py --run <Go2 run> --walking 0.5 0 0 --params kp_scale added_mass_kg com_x_m \
@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--amplitude", type=float, default=0.15)
     parser.add_argument("--evaluations", type=int, default=2400)
     parser.add_argument("--workers", type=int, default=None, help="calibrate workers= (default: every usable core)")
-    parser.add_argument("--bootstrap", type=int, default=4)
+    parser.add_argument("--bootstrap", type=int, default=200, help="calibrate bootstrap= (resamples)")
     parser.add_argument("--seed", type=int, default=0, help="the search's (calibrate seed=)")
     parser.add_argument("--standing", action="store_true",
                         help="the robot standing on the floor, not hung (calibrate hung=false; e.g. --params "

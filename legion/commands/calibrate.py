@@ -6,7 +6,7 @@ from legion.commands import UsageError, flag, number, run_args
 
 HELP = """usage: legion calibrate run=<run or exported folder> log=<folder of logs>[,<another>...]
                         [params=kp_scale,coulomb_friction,latency_ms] [window_s=0.5] [evaluations=2400]
-                        [groups=NAME:REGEX,...] [hung=true] [bootstrap=8] [seed=0] [out=DIR]
+                        [groups=NAME:REGEX,...] [hung=true] [bootstrap=200] [seed=0] [out=DIR]
                         [actuator_network=false] [workers=auto]
 
 Fits the motor and joint parameters of the export's robot.mjb (the model the policy trained on)
@@ -14,9 +14,9 @@ to a robot's logs (`legion deploy ... log=DIR`; best an identification routine w
 hung: `legion deploy ... excite=chirp`). Each 0.5 s window of the logs is replayed from its
 logged joint state with its logged targets; CMA-ES searches the parameters for the smallest
 joint-position error. Prints the estimates with their spread over a bootstrap (refits on windows
-drawn with replacement), which of them the logs do not pin down (a flat loss, or a spread wider
-than +-20%), and the joint RMSE on held-out windows, nominal against calibrated. Writes into out (default: the log
-folder) calibration.json, reality_calibrated.yaml (`legion sim2sim reality=<it>` runs the
+drawn with replacement), which of them the logs do not pin down (a flat loss, or a 95% interval
+reaching past +-20%), and the joint RMSE on held-out windows, nominal against calibrated. Writes
+into out (default: the log folder) calibration.json, reality_calibrated.yaml (`legion sim2sim reality=<it>` runs the
 calibrated robot), task_calibrated.yaml (the run's task with its randomization centred on the
 estimates and as wide as their spread, the whole prior where not pinned down: `legion train
 task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calibration.png
@@ -40,7 +40,9 @@ task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calib
   groups=           joint groups fitted apart, e.g. calf:.*_calf_joint,upper:.*_(hip|thigh)_joint
                     (a joint in none keeps the model's values; a regex may not hold a comma)
   window_s=0.5      replay window [s]
-  bootstrap=8       refits for the spread (60 evaluations each; 0: none)
+  bootstrap=200     resamples of the windows for the spread, each refit by one Gauss-Newton step
+                    from the estimates (all of them from one Jacobian: two evaluations per fitted
+                    value, whatever the number; 0: none)
   evaluations=2400  CMA-ES's budget (one evaluation replays every window once; ~10 per second and
                     core on a Go2 with 8 s of logs), spent in searches of 600, each with its own
                     seed, three in four started from the nominal model with its gains fitted to the
@@ -78,7 +80,7 @@ def run(args: list[str]) -> None:
         print(HELP)
         return
     run, o, unknown = run_args(args, HELP, {"log": None, "params": "kp_scale,coulomb_friction,latency_ms",
-                                            "window_s": "0.5", "evaluations": "2400", "bootstrap": "8", "seed": "0",
+                                            "window_s": "0.5", "evaluations": "2400", "bootstrap": "200", "seed": "0",
                                             "groups": "", "out": None, "hung": "true",
                                             "actuator_network": "false", "workers": "auto"})
     if unknown:
