@@ -539,9 +539,10 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
                                   workers=pool))
         x, best_loss = fit.coordinates(best), fit.loss(best)
         resampled = one_step_bootstrap(stage_fits, best, bootstrap, seed) if bootstrap else []
-        evaluations += sum(f.evaluations for f in stage_fits)
+        replays = sum(f.evaluations for f in stage_fits)
+        evaluations += replays
         if bootstrap:
-            say(f"[calibrate] one-step bootstrap: {bootstrap} resamples of the windows")
+            say(f"[calibrate] one-step bootstrap: {bootstrap} resamples of the windows, from {replays} evaluations")
         profile = {}
         for i, name in enumerate(names):  # the loss with this parameter alone moved 20% of its range either way
             rises = []

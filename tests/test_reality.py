@@ -236,7 +236,8 @@ def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitati
     assert estimates["coulomb_friction"] == pytest.approx(0.3, rel=0.1)
     assert estimates["latency_ms"] == pytest.approx(10.0, abs=2.5)
     assert all(p["pinned"] for p in report["profile"].values()) and "NOT PINNED" not in out
-    assert "[calibrate] one-step bootstrap: 200 resamples of the windows" in out
+    # the spread from 7 replays: each of the 3 values moved either way, and the estimates themselves
+    assert "[calibrate] one-step bootstrap: 200 resamples of the windows, from 7 evaluations" in out
     low, high = report["profile"]["kp_scale"]["bootstrap"]  # pinned: its 95% interval within +-20%
     assert low < high  # the refits moved: a spread, not the estimate 200 times
     from legion.sim2real.calibrate import table
