@@ -314,6 +314,18 @@ def test_calibrate_keeps_the_model_where_the_robot_is_the_model(go2, tmp_path):
         assert estimates[f"kd_scale@{group}"] == pytest.approx(1.0, rel=0.1)
         assert estimates[f"armature@{group}"] < 0.002
     assert rmse["calibrated"] <= 1.05 * rmse["nominal"]
+    assert all(p["pinned"] for p in report["profile"].values()), report["profile"]
+    # A hair above its prior's bound, the armature's profile is the move up: the move down, cut short by
+    # the bound, is no move (it once flagged a payload reality's friction and latency, found at ~1e-6).
+    from legion.sim2real.calibrate import Fit, load_windows
+
+    meta = go2["meta"]
+    fit = Fit(go2["mjb"], meta, load_windows(logs, meta.joint_names, meta.control_dt, 0.5, True),
+              ["armature@calf", "armature@upper"], groups)
+    x = np.array([1e-6, 0.0])
+    up = x + [0.2, 0.0]
+    loss = fit.loss(fit.values(x))
+    assert fit.rise(x, 0, loss) == pytest.approx(fit.loss(fit.values(up)) / loss - 1) and fit.rise(x, 0, loss) > 0.05
 
 
 def test_legion_calibrate_refuses_logs_it_cannot_use_by_name(go2, tmp_path):

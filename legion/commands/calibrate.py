@@ -44,12 +44,11 @@ task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calib
                     from the estimates (all of them from one Jacobian: two evaluations per fitted
                     value, whatever the number; 0: none)
   evaluations=2400  CMA-ES's budget (one evaluation replays every window once; ~10 per second and
-                    core on a Go2 with 8 s of logs), spent in searches of 600, each with its own
-                    seed, three in four started from the nominal model with its gains fitted to the
-                    logged torques (where there are any), the second and every fourth after it from
-                    the middle of every prior, the lowest loss kept: one search can stop in a local
-                    minimum where the latency trades against the gains (a worn Go2's calves at
-                    1.22x kp for 0.85x)
+                    core on a Go2 with 8 s of logs), spent in two searches: all but 600 from the
+                    nominal model with its gains fitted to the logged torques (where there are
+                    any), 600 from the middle of every prior (seed + 1; half each below 1,200),
+                    the lower loss kept; a search needs about 1,000 to settle (stopped at 600, a
+                    worn Go2's calves came out at 1.17x kp for 0.85x, or 1.65x kd for 1.2x)
   workers=auto      processes that replay the windows in parallel (auto: every core this process
                     may use; 1: none)
   actuator_network=false
