@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import queue
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -67,6 +68,9 @@ class WebViewer:
         self.follow, self.speed, self.time = 0, 1.0, 0.0
         self._goal = None  # a position command's draggable goal, and the command
         self._requests: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # a frame and close() one at a time: a close from another thread (an API user's, a test's)
+        # waits for the frame in progress, and no frame is drawn into the stopped server after it
+        self._drawing = threading.Lock()
         self._last_frame = time.perf_counter()
         self._target: np.ndarray | None = None  # the followed root where the cameras last looked at it
         self.viewer.set_visible_worlds([0])
@@ -207,6 +211,11 @@ class WebViewer:
 
     def show(self, dt: float) -> None:
         """Draws the current state, ``dt`` seconds of simulated time after the previous frame."""
+        with self._drawing:
+            if self.running:
+                self._draw(dt)
+
+    def _draw(self, dt: float) -> None:
         self.time += dt
         target = self._followed_position()
         if self._target is None or np.abs(target - self._target).max() > 1e-3:
@@ -242,7 +251,8 @@ class WebViewer:
         self._last_frame = time.perf_counter()
 
     def close(self) -> None:
-        self.viewer.close()
+        with self._drawing:
+            self.viewer.close()
 
 
 def watch_policy(loaded, host: str = "127.0.0.1", port: int = 8080, steps: int | None = None,
