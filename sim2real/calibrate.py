@@ -455,15 +455,15 @@ def _search(fit: Fit, start: np.ndarray, sigma: float, budget: int, seed: int, s
 
 
 def one_step_bootstrap(stages: list[Fit], best: dict, resamples: int, seed: int) -> list[dict]:
-    """The estimates refit on ``resamples`` resamples of the windows (drawn with replacement), each
-    refit one Gauss-Newton step from ``best`` on its resample's loss (the one-step bootstrap), from
-    one :meth:`Fit.jacobian` per stage: 2 evaluations per value, however many resamples. ``stages``:
-    the fit's stages in order, each a Fit over its windows whose ``names`` are the earlier stages'
-    values then its own; a later stage's step moves with each resample's earlier values (it was fitted
-    with them held). (Refits by CMA-ES from the estimate, 60 evaluations each, were the bootstrap
-    before: on a resample of a worn Go2's hung windows such a refit ended at a loss of 0.0073 where
-    the estimate itself had 0.0049, and 600 evaluations were needed to beat it: their spread was
-    the search's, not the logs'.)"""
+    """The estimates refit on ``resamples`` resamples of the windows (drawn with replacement), each refit
+    one Gauss-Newton step from ``best`` on its resample's loss (the one-step bootstrap), from one
+    :meth:`Fit.jacobian` per stage: two evaluations per value and one per stage, however many
+    resamples. ``stages``: the fit's stages in order, each a Fit over its windows whose ``names``
+    are the earlier stages' values then its own; a later stage's step moves with each resample's
+    earlier values (it was fitted with them held). (Refits by CMA-ES from the estimate, 60
+    evaluations each, were the bootstrap before: on a resample of a worn Go2's hung windows such a
+    refit ended at a loss of 0.0073 where the estimate itself had 0.0049, and 600 evaluations were
+    needed to beat it: their spread was the search's, not the logs'.)"""
     rng, steps = np.random.default_rng(seed), np.zeros((resamples, 0))
     for fit in stages:
         r, jac = fit.jacobian(best)  # (W, K), (W, K, D)
@@ -558,13 +558,15 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
         for i, name in enumerate(names):
             rise = fit.rise(x, i, best_loss)
             low, high = PARAMETERS[_base(name)]
-            # the bootstrap's 95% interval (a point without one), which must lie within +-20% of the
-            # estimate, or of 5% of the prior near zero; the latency's within a physics step, its resolution
+            # the bootstrap's 95% interval (a point without one) must lie within +-20% of the estimate
+            # (of 5% of the prior near zero); the latency's within a physics step, its resolution
             interval = np.percentile([r[name] for r in resampled] or [best[name]], [2.5, 97.5])
             reach = max(interval[1] - best[name], best[name] - interval[0])
-            floor = 1e3 * meta.physics_dt / 0.2 if name == "latency_ms" else 0.05 * (high - low)
+            allowed = 0.2 * max(abs(best[name]), 0.05 * (high - low))
+            if name == "latency_ms":
+                allowed = max(allowed, 1e3 * meta.physics_dt)
             profile[name] = {"rise": rise, "bootstrap": [float(interval[0]), float(interval[1])],
-                             "pinned": bool(rise >= FLAT_RISE and reach <= 0.2 * max(abs(best[name]), floor))}
+                             "pinned": bool(rise >= FLAT_RISE and reach <= allowed)}
         rmse = {label: float(np.sqrt(np.mean(fit.errors(values, held_out)[:, 0])))
                 for label, values in (("nominal", nominal), ("calibrated", best))}
         # The motors fitted hung, checked where the legs carry the robot: a motor the fitted model
