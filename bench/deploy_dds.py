@@ -15,7 +15,8 @@ Goal: tracking within 10% of sim2sim's figure (mean forward error over the comma
 
     python bench/deploy_dds.py --run runs/quadruped_flat/<go2 run> [--seconds 10] [--robot go2]
 
-Writes bench/results/deploy_dds_<robot>.json and prints a markdown table.
+Writes bench/results/deploy_dds_<robot>.json and prints a markdown table; the robot-side logs go to
+runs/deploy_dds_<time>/<command>/.
 """
 
 import argparse
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import print_table, write_json
+from common import RUNS, print_table, write_json
 from legion.sim2real import sim2sim as s2s
 from legion.sim2real.deploy import unitree
 from legion.sim2real.deploy.contract import PolicyContract
@@ -70,7 +71,7 @@ def main() -> None:
     folder = unitree.exported_folder(args.run)
     run = folder.parent
     commands = json.loads(args.commands)
-    logs = Path("/tmp") / f"deploy_dds_{int(time.time())}"
+    logs = RUNS / f"deploy_dds_{int(time.time())}"  # what the robot's side logged, per command
     dds, timing = [], []
     for k, command in enumerate(commands):
         row, tick = over_dds(folder, args.robot, command, args.seconds, logs / str(k), args.domain)

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, print_table, write_json
+from common import ROOT, RUNS, print_table, write_json
 
 
 def rss_mb(pid: int) -> float:
@@ -37,7 +37,8 @@ def main():
 
     from legion.agents.checkpoints import checkpoints, load_checkpoint
 
-    folder = Path(tempfile.mkdtemp(prefix="legion-soak-"))
+    RUNS.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="soak-", dir=RUNS))
     command = [sys.executable, "-m", "legion", "train", f"task={args.task}", f"sim.num_envs={args.num_envs}",
                "agent.mode=async", "agent.max_iterations=null", f"agent.save_every_minutes={args.sample_s / 60}",
                "agent.keep_last=null",

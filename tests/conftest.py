@@ -147,25 +147,33 @@ SMALL_TERRAIN = ("task.scene.ground.terrain.num_levels=3", "task.scene.ground.te
 def legion_in_process(*args: str) -> tuple[int, str, str]:
     """``legion <args>`` run by this process, without the ~9 s of an interpreter's start-up and
     imports; returns the exit code, stdout and stderr (what Python writes to them)."""
+    from legion import cli
+
+    return in_process(cli.main, ["legion", *args])
+
+
+def in_process(main, argv: list[str]) -> tuple[int, str, str]:
+    """``main()`` with ``sys.argv`` set to ``argv``, as an interpreter would run it: the exit code
+    (``SystemExit``'s; 1 and the traceback on stderr for an uncaught error), stdout and stderr."""
     import contextlib
     import io
     import sys
     import traceback
 
-    from legion import cli
-
-    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
-    sys.argv, code = ["legion", *args], 0
+    out, err, saved = io.StringIO(), io.StringIO(), sys.argv
+    sys.argv, code = list(argv), 0
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
+            main()
     except SystemExit as e:
-        code = int(e.code or 0)
-    except Exception:  # as the interpreter ends on an uncaught error: its traceback, exit code 1
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if not isinstance(e.code, (int, type(None))):  # sys.exit("message"): printed, as the interpreter does
+            err.write(f"{e.code}\n")
+    except Exception:
         err.write(traceback.format_exc())
         code = 1
     finally:
-        sys.argv = argv
+        sys.argv = saved
     return code, out.getvalue(), err.getvalue()
 
 

@@ -4,12 +4,13 @@ fails here, not on the day someone needs its figures."""
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, export_untrained_run
+from conftest import ROOT, export_untrained_run, in_process
 
 TINY_GO2 = ("task=quadruped_flat", "robot=go2")
 
@@ -21,8 +22,9 @@ SMALLEST = {
     "robots": (["--num-envs", "8", "--steps", "5", "--robots", "go2"], "robots.json"),
     "update": (["--task", "cartpole", "--num-envs", "64", "--repeats", "1", "--threads", "1", "2", "--modes",
                 "AUTO,STRICT"], "update.json"),
-    "update[td3]": (["--task", "cartpole", "--num-envs", "16", "--threads", "1", "--repeats", "1", "agent=td3",
-                     "agent.num_steps_per_env=2", "agent.off_policy.batch_size=64"], "update.json"),
+    "update[td3]": (["--task", "cartpole", "--num-envs", "16", "--threads", "1", "--repeats", "1", "--precisions",
+                     "fp32", "agent=td3", "agent.num_steps_per_env=2", "agent.off_policy.batch_size=64"],
+                    "update.json"),
     "async_vs_sync": (["--tasks", "cartpole", "--num-envs", "32", "--iterations", "2", "--seeds", "0"],
                       "async_vs_sync.json"),
     "overlap": (["--tasks", "cartpole", "--num-envs", "32", "--seconds", "0.5", "--repeats", "1"], "overlap.json"),
@@ -48,6 +50,29 @@ SMALLEST = {
     "calibration": (None, "calibration.json"),  # its run: an untrained Go2 policy, exported (below)
     "peers": (None, "peers.json"),  # with mjlab's venv where MJLAB_PYTHON names its python (below)
 }
+# Run as scripts, in an interpreter of their own: overlap's processes (multiprocessing's spawn
+# imports the script as their __main__). Every other benchmark runs in the test's process, as
+# `python bench/<name>.py` would run it: an interpreter's start-up and imports (6-9 s) were most of
+# a smallest configuration's time.
+AS_SCRIPT = {"overlap"}
+
+
+def bench_in_process(script, args: list[str]) -> tuple[int, str, str]:
+    """``python <script> <args>`` in this process: the script's folder first on ``sys.path`` (its
+    ``from common import ...``), and the benchmarks' modules imported afresh (``common`` reads
+    LEGION_BENCH_OUT when imported) and forgotten after."""
+    import torch
+
+    path, threads = list(sys.path), torch.get_num_threads()
+    sys.path.insert(0, str(script.parent))
+    try:
+        return in_process(lambda: runpy.run_path(str(script), run_name="__main__"), [str(script), *args])
+    finally:
+        sys.path[:] = path
+        torch.set_num_threads(threads)
+        for name, module in list(sys.modules.items()):
+            if str(getattr(module, "__file__", None) or "").startswith(str(script.parent)):
+                del sys.modules[name]
 
 
 def test_every_benchmark_has_a_smallest_configuration_here():
@@ -57,7 +82,7 @@ def test_every_benchmark_has_a_smallest_configuration_here():
 
 
 @pytest.mark.parametrize("name", SMALLEST)
-def test_the_benchmark_runs_its_smallest_configuration(name, tmp_path):
+def test_the_benchmark_runs_its_smallest_configuration(name, tmp_path, monkeypatch):
     args, written = SMALLEST[name]
     if name == "deploy_dds":
         pytest.importorskip("cyclonedds")
@@ -74,19 +99,23 @@ def test_the_benchmark_runs_its_smallest_configuration(name, tmp_path):
         made = export_untrained_run(tmp_path / "run", *TINY_GO2)
         args = ["--run", str(made["out"]), "--realities", "go2_payload", "--params", "kp_scale", "latency_ms",
                 "--seconds", "4", "--evaluations", "12", "--bootstrap", "0", "--actuator-network"]
-    environ = {**os.environ, "LEGION_BENCH_OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
     script = ROOT / "bench" / f"{name.split('[')[0]}.py"
     if name == "peers":
         mjlab = os.environ.get("MJLAB_PYTHON", str(tmp_path / "no-mjlab" / "python"))
         args = ["--mjlab-python", mjlab, "--num-envs", "8", "--iterations", "3"]
-        if not os.path.isfile(mjlab):  # mjlab's venv is not part of the suite: the script says how to make it
-            result = subprocess.run([sys.executable, str(script), *args], env=environ, capture_output=True, text=True)
-            assert result.returncode == 2 and "no-mjlab/python: no such file; make mjlab's venv" in result.stderr
-            return
-    result = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=environ,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert "|---" in result.stdout, result.stdout[-2000:]  # its table
+    monkeypatch.setenv("LEGION_BENCH_OUT", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # for the processes a benchmark starts
+    monkeypatch.chdir(tmp_path)
+    if name in AS_SCRIPT:
+        result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+        code, out, err = result.returncode, result.stdout, result.stderr
+    else:
+        code, out, err = bench_in_process(script, args)
+    if name == "peers" and not os.path.isfile(mjlab):  # mjlab's venv is not part of the suite: it says how to make it
+        assert code == 2 and "no-mjlab/python: no such file; make mjlab's venv" in err, err[-3000:]
+        return
+    assert code == 0, out[-2000:] + err[-3000:]
+    assert "|---" in out, out[-2000:]  # its table
     report = json.loads((tmp_path / "results" / written).read_text())
     assert report["machine"] and report["rows"]
 
