@@ -1,14 +1,17 @@
 """One rank of a distributed test run (started by torchrun from tests/test_distributed.py).
 
-    python -m torch.distributed.run ... tests/distributed_worker.py OUT_DIR [key=value ...]
+    python -m torch.distributed.run ... tests/distributed_worker.py OUT_DIR [key=value ...] [--then OUT_DIR ...]
 
 Trains through legion.commands.train.train into OUT_DIR/run and writes OUT_DIR/rank<R>.json: a checksum of
 the policy's and the critic's weights after every update (PPO's, or an off-policy learner's gradient
 step), the last update's losses, whether the actor is recurrent, and rank 0's training history.
+Each `--then` starts another training, in turn, in the same processes (their start-up paid once) and
+the same process group (gloo's rendezvous cannot be made twice in one torchrun).
 LEGION_TEST_DIE_AT=<iteration> makes the last rank exit abruptly once it has finished that iteration.
 """
 
 import hashlib
+import itertools
 import json
 import os
 import sys
@@ -17,10 +20,10 @@ from pathlib import Path
 from rsl_rl.algorithms import PPO
 
 from legion import configs
+from legion.agents import distributed
 from legion.agents.off_policy import OffPolicyLearner
 from legion.commands.train import train
 
-out, overrides = Path(sys.argv[1]), sys.argv[2:]
 rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 checksums, losses = [], {}
 die_at = int(os.environ.get("LEGION_TEST_DIE_AT", "0"))
@@ -42,8 +45,14 @@ def update_and_checksum(self, update, *args):
 
 PPO.update = checksummed(PPO.update)
 OffPolicyLearner.update = checksummed(OffPolicyLearner.update)
-runner = train(configs.compose(*overrides), out / "run")
-(out / f"rank{rank}.json").write_text(json.dumps({
-    "checksums": checksums, "losses": losses, "recurrent": runner.policy.is_recurrent,
-    "mean_episode_length": runner.mean_episode_length,
-    "episodes": runner.log.episodes, "seed_state": runner.env.generator.initial_seed()}))
+leave, distributed.leave = distributed.leave, lambda: None
+trainings = [list(args) for then, args in itertools.groupby(sys.argv[1:], lambda arg: arg == "--then") if not then]
+for out, *overrides in trainings:
+    checksums.clear()
+    losses.clear()
+    runner = train(configs.compose(*overrides), Path(out) / "run")
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps({
+        "checksums": checksums, "losses": losses, "recurrent": runner.policy.is_recurrent,
+        "mean_episode_length": runner.mean_episode_length,
+        "episodes": runner.log.episodes, "seed_state": runner.env.generator.initial_seed()}))
+leave()

@@ -219,9 +219,9 @@ def test_multirun_then_play(tmp_path):
     assert (f"32 envs on cpu, 2 iterations, sync PPO (learning rate adapted to KL {agent.algorithm.desired_kl:g}, "
             f"entropy {agent.algorithm.entropy_coef:g}, update in {update_precision(agent, 'cpu')})") in result.stdout
 
-    played = legion("play", f"run={runs[0]}", "episodes=3", "sim.num_envs=4", cwd=tmp_path)
-    assert played.returncode == 0, played.stderr[-3000:]
-    episodes = [line for line in played.stdout.splitlines() if line.startswith("episode ")]
+    code, out, err = legion_in_process("play", f"run={runs[0]}", "episodes=3", "sim.num_envs=4")
+    assert code == 0, err[-3000:]
+    episodes = [line for line in out.splitlines() if line.startswith("episode ")]
     assert len(episodes) == 3 and all("return" in e and "length" in e for e in episodes)
 
     code, _, err = legion_in_process("play", f"run={tmp_path}")
@@ -229,5 +229,5 @@ def test_multirun_then_play(tmp_path):
     code, _, err = legion_in_process("play", f"run={runs[0]}", "sim.num_env=4")
     assert code == 2 and "sim.num_env" in err
 
-    shown = legion("randomization", "task=cartpole", "sim.num_envs=4", cwd=tmp_path)
-    assert shown.returncode == 0 and "joint_pos_offset" in shown.stdout, shown.stderr[-2000:]
+    code, out, err = legion_in_process("randomization", "task=cartpole", "sim.num_envs=4")
+    assert code == 0 and "joint_pos_offset" in out, err[-2000:]

@@ -82,34 +82,40 @@ def test_two_ranks_hold_identical_weights_and_learn_like_one_process_with_all_th
     learned(shorter_length=(min(lengths), 60.0), shorter_over_longer=(min(lengths) / max(lengths), 0.4))
 
 
+LEARNERS = {
+    "sac-sync": (*CARTPOLE, "sim.num_envs=16", "agent=sac", "agent.off_policy.batch_size=64",
+                 "agent.off_policy.learning_starts=2", "agent.off_policy.prioritized=true"),
+    "lstm-async": (*CARTPOLE, "sim.num_envs=32", "agent.mode=async", "agent.actor.rnn.type=lstm",
+                   "agent.actor.rnn.hidden_size=32"),
+    "symmetry-sync": ("task=quadruped_flat", "sim.num_envs=16", "agent.num_steps_per_env=8",
+                      "agent.save_interval=1000", "agent.mode=sync", "agent.symmetry.augmentation=true",
+                      "agent.symmetry.mirror_loss=true"),
+}
+
+
 @pytest.mark.bit_exact
-@pytest.mark.parametrize("overrides", [
-    pytest.param((*CARTPOLE, "sim.num_envs=16", "agent=sac", "agent.off_policy.batch_size=64",
-                  "agent.off_policy.learning_starts=2", "agent.off_policy.prioritized=true"), id="sac-sync"),
-    pytest.param((*CARTPOLE, "sim.num_envs=32", "agent.mode=async", "agent.actor.rnn.type=lstm",
-                  "agent.actor.rnn.hidden_size=32"), id="lstm-async"),
-    pytest.param(("task=quadruped_flat", "sim.num_envs=16", "agent.num_steps_per_env=8", "agent.save_interval=1000",
-                  "agent.mode=sync", "agent.symmetry.augmentation=true", "agent.symmetry.mirror_loss=true"),
-                 id="symmetry-sync"),
-])
-def test_recurrent_symmetric_and_off_policy_learners_keep_every_rank_identical(tmp_path, overrides):
+def test_recurrent_symmetric_and_off_policy_learners_keep_every_rank_identical(tmp_path):
     """Over two ranks, SAC (each rank its own buffer, prioritized), an LSTM actor under async PPO
     (each rank's learner on its own actor's sequences) and the symmetry extension (augmentation and
-    the mirror loss) end every update with the same weights on both ranks, and the weights move."""
-    iterations = 3
-    result = torchrun(WORKER, str(tmp_path), *overrides, f"agent.max_iterations={iterations}")
+    the mirror loss) end every update with the same weights on both ranks, and the weights move.
+    One after another in the same two processes: their start-up once."""
+    iterations, trainings = 3, []
+    for name, overrides in LEARNERS.items():
+        trainings += ["--then", str(tmp_path / name), *overrides, f"agent.max_iterations={iterations}"]
+    result = torchrun(WORKER, *trainings[1:])
     assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert ranks[0]["checksums"] == ranks[1]["checksums"]  # every update, bit for bit
-    updates = 2 * (iterations * 16 - 2 + 1) if "agent=sac" in overrides else iterations  # SAC: gradient steps
-    assert len(set(ranks[0]["checksums"])) == updates  # each update changed them
-    if "agent=sac" in overrides:  # each rank's critic loss on its own batches, its own buffer
-        assert ranks[0]["losses"]["critic"] != ranks[1]["losses"]["critic"]
-    elif "agent.actor.rnn.type=lstm" in overrides:
-        assert ranks[0]["recurrent"] and ranks[1]["recurrent"]
-    else:  # the mirror loss was computed (rank-local: each rank's own mini-batches)
-        assert all(0 < rank["losses"]["symmetry"] < float("inf") for rank in ranks)
-        assert ranks[0]["losses"]["symmetry"] != ranks[1]["losses"]["symmetry"]
+    for name, overrides in LEARNERS.items():
+        ranks = [json.loads((tmp_path / name / f"rank{r}.json").read_text()) for r in (0, 1)]
+        assert ranks[0]["checksums"] == ranks[1]["checksums"], name  # every update, bit for bit
+        updates = 2 * (iterations * 16 - 2 + 1) if "agent=sac" in overrides else iterations  # SAC: gradient steps
+        assert len(set(ranks[0]["checksums"])) == updates, name  # each update changed them
+        if "agent=sac" in overrides:  # each rank's critic loss on its own batches, its own buffer
+            assert ranks[0]["losses"]["critic"] != ranks[1]["losses"]["critic"]
+        elif "agent.actor.rnn.type=lstm" in overrides:
+            assert ranks[0]["recurrent"] and ranks[1]["recurrent"]
+        else:  # the mirror loss was computed (rank-local: each rank's own mini-batches)
+            assert all(0 < rank["losses"]["symmetry"] < float("inf") for rank in ranks)
+            assert ranks[0]["losses"]["symmetry"] != ranks[1]["losses"]["symmetry"]
 
 
 def test_a_rank_on_another_node_that_is_killed_stops_the_others_with_a_message(tmp_path):
