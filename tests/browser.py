@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -36,7 +37,8 @@ class Browser:
              "--use-angle=swiftshader", "--enable-unsafe-swiftshader", "--allow-file-access-from-files",
              f"--window-size={width},{height}", f"--remote-debugging-port={self.port}",
              "--remote-debugging-address=127.0.0.1", f"--user-data-dir={self.profile}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "TMPDIR": self.profile})  # its temporary files go with the profile
         self.loop = asyncio.new_event_loop()
         self.errors: list[str] = []
         self._id = 0
