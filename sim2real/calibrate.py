@@ -6,7 +6,9 @@ motion is then the motors' and the joints' alone); with the robot standing or wa
 (``hung=False``) the base's payload too, which the stance legs' torques carry; logs of both kinds
 are fitted in two stages (the motors from the hung ones, then the body). The model is the
 export's ``robot.mjb`` with the parameters of a reality
-(:class:`~legion.sim2real.reality.RealityRobot`), hung as the robot was or free: each short window
+(:class:`~legion.sim2real.reality.RealityRobot`; each command acting from the instant it arrives,
+so that the latency is a continuous value and a jittery link's mean latency the one found), hung
+as the robot was or free: each short window
 of the log (``window_s``) starts from the logged joint positions and velocities (and a free base's
 logged pose and velocity) and replays the logged targets; the loss is the mean squared
 joint-position error over the windows, in units of the logged motion's variance, plus, where the log holds the motors'
@@ -19,8 +21,8 @@ Identifiability: a parameter is flagged as not pinned down by these logs where i
 flat (the loss rises by less than ``FLAT_RISE`` when it alone moves 20% of its range from the
 estimate) or where the 95% interval of a bootstrap (``bootstrap`` resamples of the windows drawn
 with replacement, each refit one Gauss-Newton step from the estimate: :func:`one_step_bootstrap`)
-reaches further than +-20% of it (5% of its range where the estimate is near zero; the latency's, a
-physics step, its resolution, where that is more): CMA-ES's step size is not an uncertainty. The
+reaches further than +-20% of it (5% of its range where the estimate is near zero): CMA-ES's step
+size is not an uncertainty. The
 interval is the logs' noise and nothing else: an effect the fitted model lacks biases an estimate
 without widening it. Every fourth window is held out: the RMSE there, nominal against calibrated,
 says whether the fit generalizes. With logs of both kinds, the motors fitted hung must also predict
@@ -83,6 +85,8 @@ class Window:
     joint_torque: np.ndarray | None  # (T + 1, J) the motors' tau_est, where logged
     base: np.ndarray | None = None  # (13,) a free base's state at the start: position [m], quaternion
     # (x, y, z, w), linear and angular velocity (base frame) [m/s, rad/s]; None: the robot hung
+    before: np.ndarray | None = None  # (J,) the target written at the tick before the window: the one
+    # acting as it starts (its first is in flight for the latency); None at an episode's first tick
 
 
 BASE_KEYS = ("base_pos", "base_quat", "base_lin_vel", "base_ang_vel")
@@ -130,7 +134,8 @@ def load_windows(folder: str | Path, joint_names: list[str], control_dt: float, 
         for start in range(0, len(q) - length, length):
             span = slice(start, start + length + 1)
             windows.append(Window(q[span], dq[span], targets[start:start + length],
-                                  tau[span] if tau is not None else None, None if base is None else base[start]))
+                                  tau[span] if tau is not None else None, None if base is None else base[start],
+                                  targets[start - 1] if start else None))
     if len(windows) < 4:
         raise ValueError(f"log={folder}: {len(windows)} windows of {window_s:g} s; calibrating needs at least 4 "
                          f"({4 * window_s:g} s of logged control)")
@@ -204,7 +209,7 @@ class Fit:
                           base=Base(added_mass_kg=values.get("added_mass_kg") or 0.0,
                                     com_offset_m=[values.get("com_x_m") or 0.0, values.get("com_y_m") or 0.0, 0.0]))
         reality.foot_friction = values.get("foot_friction")  # (None: the model's)
-        robot = RealityRobot(copy.copy(self.model), self.metadata, reality)
+        robot = RealityRobot(copy.copy(self.model), self.metadata, reality, at_arrival=True)
         if hung:
             robot.hang()  # as the logged robot was
         return robot
@@ -236,7 +241,8 @@ class Fit:
                 d.qvel[0:3], d.qvel[3:6] = turn.reshape(3, 3) @ lin, ang
                 mujoco.mj_forward(robot.model, d)
             if hasattr(robot, "acting"):  # a reality's latency: the target sent before the window began
-                robot.acting = (w.targets[0].astype(np.float64), *robot.acting[1:])
+                before = w.targets[0] if w.before is None else w.before
+                robot.acting = (before.astype(np.float64), *robot.acting[1:])
             positions, torques = [], []
             for targets in w.targets:
                 robot.write_targets(targets)
@@ -287,15 +293,12 @@ class Fit:
     def jacobian(self, values: dict) -> tuple[np.ndarray, np.ndarray]:
         """The residuals at ``values`` ((windows, K), :meth:`residuals`) and their derivatives in the
         [0, 1] coordinates of ``names`` ((windows, K, names)), by central differences (one-sided at a
-        prior's bound) 1% of each prior wide; the latency's a physics step wide, since a command
-        acts from the first physics step after it arrives and a narrower difference sees a flat loss."""
+        prior's bound) 1% of each prior wide."""
         x = self.coordinates(values)
         columns = []
-        for i, name in enumerate(self.names):
-            low, high = PARAMETERS[_base(name)]
-            step = 1e3 * self.metadata.physics_dt / (high - low) if name == "latency_ms" else 0.01
+        for i in range(len(self.names)):
             below, above = x.copy(), x.copy()
-            below[i], above[i] = max(x[i] - step, 0.0), min(x[i] + step, 1.0)
+            below[i], above[i] = max(x[i] - 0.01, 0.0), min(x[i] + 0.01, 1.0)
             columns.append((self.residuals(self.values(above)) - self.residuals(self.values(below)))
                            / (above[i] - below[i]))
         return self.residuals(self.values(x)), np.stack(columns, -1)
@@ -559,12 +562,10 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
             rise = fit.rise(x, i, best_loss)
             low, high = PARAMETERS[_base(name)]
             # the bootstrap's 95% interval (a point without one) must lie within +-20% of the estimate
-            # (of 5% of the prior near zero); the latency's within a physics step, its resolution
+            # (of 5% of the prior near zero)
             interval = np.percentile([r[name] for r in resampled] or [best[name]], [2.5, 97.5])
             reach = max(interval[1] - best[name], best[name] - interval[0])
             allowed = 0.2 * max(abs(best[name]), 0.05 * (high - low))
-            if name == "latency_ms":
-                allowed = max(allowed, 1e3 * meta.physics_dt)
             profile[name] = {"rise": rise, "bootstrap": [float(interval[0]), float(interval[1])],
                              "pinned": bool(rise >= FLAT_RISE and reach <= allowed)}
         rmse = {label: float(np.sqrt(np.mean(fit.errors(values, held_out)[:, 0])))

@@ -153,11 +153,17 @@ class RealityRobot(MuJoCoRobot):
         source, metadata, options: as :class:`MuJoCoRobot`'s.
         reality: what differs from the model.
         tick_s: the caller's step [s] (default: the export's physics step).
+        at_arrival: a command acts from the instant it arrives: the physics step it arrives within
+            runs on the time-weighted mean of the command before it and it. Calibration's candidate
+            models do, so that the latency is a continuous value and a jittered link's mean latency
+            is the one fitted. Else (a reality) it acts from the first step it has arrived by (to
+            half a step), as a driver that reads its commands once a physics step.
     """
 
     def __init__(self, source, metadata: PolicyContract, reality: Reality, options: dict | None = None,
-                 tick_s: float | None = None):
+                 tick_s: float | None = None, at_arrival: bool = False):
         super().__init__(source, metadata, options=options)
+        self.at_arrival = at_arrival
         self.use_networks([])  # its motors are its drivers below, not an export's actuator networks
         self.reality, model = reality, self.model
         if not self.explicit_pd:  # the drivers are simulated here: the model's position actuators go slack
@@ -233,21 +239,30 @@ class RealityRobot(MuJoCoRobot):
     def physics_step(self, q_target=None, kp=None, kd=None, dq_target: ArrayLike = 0.0,
                      tau_ff: ArrayLike = 0.0) -> None:
         """One tick: a command (given here, or none) is sent (:meth:`send`), then ``substeps``
-        physics steps, each with the newest command that has arrived."""
+        physics steps, each with the newest command that has arrived (see ``at_arrival``)."""
         d = self.data
         if q_target is not None:
             self.send(q_target, kp, kd, dq_target, tau_ff)
-        half_step = 0.5 * self.model.opt.timestep
+        h = self.model.opt.timestep
         play = self.backlash.any()
         for _ in range(self.substeps):
+            arriving = []
             if self.in_flight:
-                # what has arrived by now (within half a step: the clock is a sum of floats); the newest acts
-                now = d.time + half_step
+                # What has arrived by now (to half a step; at arrival, to a millionth of one: the clock
+                # is a sum of floats): the newest acts
+                now = d.time + (1e-6 if self.at_arrival else 0.5) * h
                 arrived = [c for c in self.in_flight if c[0] <= now]
                 if arrived:
                     self.acting = max(arrived, key=lambda c: c[0])[1:]
                     self.in_flight = [c for c in self.in_flight if c[0] > now]
+                if self.at_arrival:
+                    arriving = [c for c in self.in_flight if c[0] < d.time + h]
             q_star, p, v, dq_star, ff = self.acting
+            if arriving:  # this step's mean command: the acting one until the newest arrives, then that one
+                arrival, *command = max(arriving, key=lambda c: c[0])
+                share = (d.time + h - arrival) / h
+                q_star, p, v, dq_star, ff = ((1 - share) * np.asarray(old) + share * np.asarray(new)
+                                             for old, new in zip(self.acting, command))
             q, dq = d.qpos[self.qpos_ids], d.qvel[self.qvel_ids]
             error = q_star - q
             if play:  # (without play this is the error itself, bit for bit)

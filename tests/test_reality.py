@@ -88,6 +88,25 @@ def test_commands_act_after_their_latency_at_physics_step_resolution_with_its_ji
     assert np.std(delays) == pytest.approx(3.0, rel=0.06)
 
 
+def test_a_calibration_candidate_runs_the_step_a_command_arrives_within_on_the_time_weighted_mean(go2):
+    """``at_arrival`` (calibration's candidate models), 1 kHz physics: with a latency of 7.4 ms a
+    command sent at a tick drives the 8th physics step (7-8 ms) for its last 60% and every one after;
+    with 7 ms it acts from the 8th on, as a reality's. The share read back from the torque the
+    drivers applied, kp (q* - q) - kd dq."""
+    meta = go2["meta"]
+    default, moved = np.asarray(meta.default_joint_pos), np.asarray(meta.default_joint_pos) + 0.1
+    for latency, expected in ((7.4, [0.0] * 7 + [0.6, 1.0, 1.0]), (7.0, [0.0] * 7 + [1.0] * 3)):
+        robot = RealityRobot(go2["mjb"], meta, Reality(physics_hz=1000, latency_ms=Latency(latency)), tick_s=0.001,
+                             at_arrival=True)
+        kp, kd = robot.gains[0], robot.gains[1]
+        shares = []
+        for k in range(10):
+            q, dq = robot.data.qpos[robot.qpos_ids].copy(), robot.data.qvel[robot.qvel_ids].copy()
+            robot.physics_step(moved if k == 0 else None)
+            shares.append(float(np.mean((q + (robot.tau + kd * dq) / kp - default) / 0.1)))
+        assert shares == pytest.approx(expected, abs=1e-6), latency
+
+
 def test_the_drivers_and_joints_of_a_reality_act_as_written(go2, tmp_path):
     """At rest in the default pose, targets 0.1 rad off: the calf motors push with 0.5 kp on the
     error less half the gear play (0.04 rad), clipped at their 5 N m limit where that is less; the
@@ -214,10 +233,27 @@ def _excitation_log(go2, reality: Reality, seconds: float, folder, amplitude: fl
     return simulated_log(go2["mjb"].parent, reality, folder, Excitation("chirp", amplitude, seconds), hung=hung)
 
 
+def test_a_robot_that_is_the_candidate_model_replays_its_own_log_from_every_windows_first_tick(go2, tmp_path):
+    """A hung Go2 at 90% kp with 0.2 N m of friction and 10 ms of latency (two physics steps: its
+    commands act from the same step whether picked up at a step or at arrival), without noise: the
+    candidate model of those values replays every window of its chirp as logged, the first ticks
+    too (the target written before a window acts while the window's first is in flight). Measured:
+    5.5e-9 rad^2 and 4.3e-6 (N m)^2 at worst, from the log's float32 rounding; with the window's
+    first target acting from its start, 2.0e-6 and 1.5e-3."""
+    from legion.sim2real.calibrate import Fit, fitted, load_windows
+
+    meta = go2["meta"]
+    values = {"kp_scale": 0.9, "coulomb_friction": 0.2, "latency_ms": 10.0}
+    truth = Reality(latency_ms=Latency(10.0), joints={".*": Joints(kp_scale=0.9, coulomb_friction=0.2)})
+    windows = load_windows(_excitation_log(go2, truth, 3.0, tmp_path / "logs"), meta.joint_names, meta.control_dt, 0.5)
+    errors = Fit(go2["mjb"], meta, windows, fitted(list(values))).errors(values)
+    assert errors[:, 0].max() < 1e-7 and errors[:, 1].max() < 1e-4, errors.max(0)
+
+
 def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitation_log(go2, tmp_path):
     """A 10 s chirp logged from a hung Go2 whose drivers run at 80% kp, with 0.3 N m of Coulomb
     friction and 10 +- 1 ms of latency (and encoder noise), from its joint positions and tau_est:
-    the fit finds 0.804, 0.305 and 10.3 ms (tolerances 5%, 10%, 2.5 ms), every one pinned down, and
+    the fit finds 0.801, 0.300 and 10.2 ms (tolerances 5%, 10%, 2.5 ms), every one pinned down, and
     the held-out joint RMSE falls below a third of the nominal model's. The reality file it writes
     runs as one."""
 
