@@ -32,7 +32,7 @@ class RunError(ValueError):
 
 # --- process ---------------------------------------------------------------------------------------
 def setup_process() -> None:
-    """Process-wide settings every command shares: quiet Warp with its kernel cache, torch threads,
+    """Process-wide settings every command shares: quiet Warp, torch threads,
     offscreen OpenGL for MuJoCo's renderer (chosen when mujoco is first imported), MKL's
     thread-independent matrix products (:data:`legion.PROCESS_ENV`)."""
     set_process_env()
@@ -44,8 +44,8 @@ def setup_process() -> None:
         # them made torch 10-50x slower).
         torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
     wp.config.log_level = wp.LOG_WARNING  # no per-module load lines
-    if os.environ.get("WARP_CACHE_PATH"):
-        wp.config.kernel_cache_dir = os.environ["WARP_CACHE_PATH"]
+    # (Warp reads WARP_CACHE_PATH itself and keeps its kernels in a folder per version there; setting
+    # kernel_cache_dir to that path after wp.init, as a second call here did, put them beside it)
     wp.init()
 
 
