@@ -4,35 +4,33 @@ The logs are the control loop's (``legion deploy ... log=DIR``, :mod:`legion.sim
 best an identification routine with the robot hung (``excite=chirp``, the base held: the legs'
 motion is then the motors' and the joints' alone); with the robot standing or walking
 (``hung=False``) the base's payload too, which the stance legs' torques carry; logs of both kinds
-are fitted in two stages (the motors from the hung ones, then the body). The model is the
-export's ``robot.mjb`` with the parameters of a reality
-(:class:`~legion.sim2real.reality.RealityRobot`; each command acting from the instant it arrives,
-so that the latency is a continuous value and a jittery link's mean latency the one found), hung
-as the robot was or free: each short window
-of the log (``window_s``) starts from the logged joint positions and velocities (and a free base's
-logged pose and velocity) and replays the logged targets; the loss is the mean squared
-joint-position error over the windows, in units of the logged motion's variance, plus, where the log holds the motors'
-torques (a Unitree robot's tau_est), their mean squared error in units of their variance: from
-positions alone the gains, the damping and the armature can be scaled together with the same
-motion (the legs' own inertia is small), and the torques fix that scale. CMA-ES (the ``cma`` package) searches
-the parameters asked for, each within its prior range, scaled to [0, 1].
+are fitted in two stages (the motors from the hung ones, then the body). The model is the export's
+``robot.mjb`` with the parameters of a reality (:class:`~legion.sim2real.reality.RealityRobot`; each
+command acting from the instant it arrives, so that the latency is a continuous value and a jittery
+link's mean latency the one found), hung as the robot was or free: each short window of the log
+(``window_s``) starts from the logged joint positions and velocities (and a free base's logged pose
+and velocity) and replays the logged targets; the loss is the mean squared joint-position error over
+the windows, in units of the logged motion's variance, plus, where the log holds the motors' torques
+(a Unitree robot's tau_est), their mean squared error in units of their variance: from positions
+alone the gains, the damping and the armature can be scaled together with the same motion (the legs'
+own inertia is small), and the torques fix that scale. CMA-ES (the ``cma`` package) searches the
+parameters asked for, each within its prior range, scaled to [0, 1].
 
 Identifiability: a parameter is flagged as not pinned down by these logs where its loss profile is
 flat (the loss rises by less than ``FLAT_RISE`` when it alone moves 20% of its range from the
 estimate) or where the 95% interval of a bootstrap (``bootstrap`` resamples of the windows drawn
 with replacement, each refit one Gauss-Newton step from the estimate: :func:`one_step_bootstrap`)
 reaches further than +-20% of it (5% of its range where the estimate is near zero): CMA-ES's step
-size is not an uncertainty. The
-interval is the logs' noise and nothing else: an effect the fitted model lacks biases an estimate
-without widening it. Every fourth window is held out: the RMSE there, nominal against calibrated,
-says whether the fit generalizes. With logs of both kinds, the motors fitted hung must also predict
-the torques of the held-out windows on the ground better than the nominal model; where they do not,
-they stand in for an effect the fitted model lacks (gear play not fitted, a torque-speed curve) and
-are flagged (``inconsistent``). Writes ``calibration.json``, ``reality_calibrated.yaml`` (a reality
-file of the estimates: ``legion sim2sim reality=<it>`` runs the calibrated model),
-``task_calibrated.yaml`` (the run's task whose randomization is centred on the estimates,
-:func:`training_overlay`) and ``calibration.png`` (held-out windows, logged against the nominal and
-the calibrated model).
+size is not an uncertainty. The interval is the logs' noise and nothing else: an effect the fitted
+model lacks biases an estimate without widening it. Every fourth window is held out: the RMSE there,
+nominal against calibrated, says whether the fit generalizes. With logs of both kinds, the motors
+fitted hung must also predict the torques of the held-out windows on the ground better than the
+nominal model; where they do not, they stand in for an effect the fitted model lacks (gear play not
+fitted, a torque-speed curve) and are flagged (``inconsistent``). Writes ``calibration.json``,
+``reality_calibrated.yaml`` (a reality file of the estimates: ``legion sim2sim reality=<it>`` runs
+the calibrated model), ``task_calibrated.yaml`` (the run's task whose randomization is centred on
+the estimates, :func:`training_overlay`) and ``calibration.png`` (held-out windows, logged against
+the nominal and the calibrated model).
 
 With ``actuator_network=True`` it also learns, per joint group, an actuator network (Hwangbo et
 al. 2019; :mod:`legion.sim2real.deploy.actuator_network`) from the logged tau_est
