@@ -8,7 +8,8 @@ against calibrated, and the seconds the fit took.
 
     python bench/calibration.py --run <Go2 run or export>
         [--realities go2_worn_motors go2_payload go2_backlash go2_gear_play]
-        [--params kp_scale kd_scale coulomb_friction armature latency_ms [backlash]] [--groups calf:.*_calf_joint ...]
+        [--params kp_scale kd_scale coulomb_friction armature latency_ms [latency_jitter_ms backlash]]
+        [--groups calf:.*_calf_joint ...]
         [--seconds 20] [--evaluations 2400] [--bootstrap 200] [--workers N]
     python bench/calibration.py --run <Go2 run> --standing --params kp_scale added_mass_kg --amplitude 0.05 \
         --groups   # standing on the floor: the payload from the stance legs' torques
@@ -41,6 +42,8 @@ def truth(exported: Path, reality, name: str, groups: dict) -> float:
     """The reality's value of a fitted parameter (``kp_scale@calf``): the mean over the group's joints."""
     if name == "latency_ms":
         return reality.latency_ms.mean
+    if name == "latency_jitter_ms":
+        return reality.latency_ms.jitter
     if name == "added_mass_kg":
         return reality.base.added_mass_kg
     if name in ("com_x_m", "com_y_m"):

@@ -6,8 +6,9 @@ motion is then the motors' and the joints' alone); with the robot standing or wa
 (``hung=False``) the base's payload too, which the stance legs' torques carry; logs of both kinds
 are fitted in two stages (the motors from the hung ones, then the body). The model is the export's
 ``robot.mjb`` with the parameters of a reality (:class:`~legion.sim2real.reality.RealityRobot`; each
-command acting from the instant it arrives, so that the latency is a continuous value and a jittery
-link's mean latency the one found), hung as the robot was or free: each short window of the log
+command acting from the instant it arrives, over a normal spread of arrivals where the link's
+jitter is fitted (``latency_jitter_ms``), so that the latency and its jitter are continuous values
+and no candidate draws anything), hung as the robot was or free: each short window of the log
 (``window_s``) starts from the logged joint positions and velocities (and a free base's logged pose
 and velocity) and replays the logged targets; the loss is the mean squared joint-position error over
 the windows, in units of the logged motion's variance, plus, where the log holds the motors' torques
@@ -61,13 +62,13 @@ if TYPE_CHECKING:
 # name -> prior range; the joints' apply to every policy joint alike (or per joint group)
 PARAMETERS = {"kp_scale": (0.5, 1.5), "kd_scale": (0.3, 3.0), "coulomb_friction": (0.0, 1.0),
               "viscous_friction": (0.0, 0.5), "armature": (0.0, 0.1), "latency_ms": (0.0, 30.0),
-              "added_mass_kg": (-3.0, 10.0), "com_x_m": (-0.08, 0.08), "com_y_m": (-0.08, 0.08),
-              "foot_friction": (0.1, 1.5), "backlash": (0.0, 0.08)}
+              "latency_jitter_ms": (0.0, 10.0), "added_mass_kg": (-3.0, 10.0), "com_x_m": (-0.08, 0.08),
+              "com_y_m": (-0.08, 0.08), "foot_friction": (0.1, 1.5), "backlash": (0.0, 0.08)}
 NOMINAL = {"kp_scale": 1.0, "kd_scale": 1.0, "coulomb_friction": 0.0, "viscous_friction": 0.0, "armature": None,
-           "latency_ms": 0.0, "added_mass_kg": 0.0, "com_x_m": 0.0, "com_y_m": 0.0, "foot_friction": None,
-           "backlash": 0.0}
+           "latency_ms": 0.0, "latency_jitter_ms": 0.0, "added_mass_kg": 0.0, "com_x_m": 0.0, "com_y_m": 0.0,
+           "foot_friction": None, "backlash": 0.0}
 # one value for the robot, not per joint group (foot friction: every contact with the ground)
-WHOLE_ROBOT = ("latency_ms", "added_mass_kg", "com_x_m", "com_y_m", "foot_friction")
+WHOLE_ROBOT = ("latency_ms", "latency_jitter_ms", "added_mass_kg", "com_x_m", "com_y_m", "foot_friction")
 # what only logs of the robot standing or walking tell (a hung robot's feet touch nothing)
 ON_THE_GROUND = ("added_mass_kg", "com_x_m", "com_y_m", "foot_friction")
 FLAT_RISE = 0.05  # relative loss rise below which a parameter is not pinned down
@@ -203,7 +204,8 @@ class Fit:
         from legion.sim2real.reality import Base, Joints, Latency, Reality, RealityRobot
 
         joints = {pattern: Joints(**joint) for pattern, joint in joint_groups(values, self.groups).items()}
-        reality = Reality(name="candidate", latency_ms=Latency(values.get("latency_ms") or 0.0), joints=joints,
+        latency = Latency(values.get("latency_ms") or 0.0, values.get("latency_jitter_ms") or 0.0)
+        reality = Reality(name="candidate", latency_ms=latency, joints=joints,
                           base=Base(added_mass_kg=values.get("added_mass_kg") or 0.0,
                                     com_offset_m=[values.get("com_x_m") or 0.0, values.get("com_y_m") or 0.0, 0.0]))
         reality.foot_friction = values.get("foot_friction")  # (None: the model's)
@@ -614,7 +616,8 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
                                                  "on_the_ground": any(w.base is not None for w in windows)}
     (out / "calibration.json").write_text(json.dumps(report, indent=2))
     lines = ["# Calibrated by `legion calibrate` from " + ", ".join(map(str, logs)), "name: calibrated",
-             f"latency_ms: {{mean: {best.get('latency_ms', 0.0):.3f}}}"]
+             f"latency_ms: {{mean: {best.get('latency_ms', 0.0):.3f}, "
+             f"jitter: {best.get('latency_jitter_ms', 0.0):.3f}}}"]
     if any(name in best for name in ("added_mass_kg", "com_x_m", "com_y_m")):
         lines.append(f"base: {{added_mass_kg: {best.get('added_mass_kg', 0.0):.5g}, com_offset_m: "
                      f"[{best.get('com_x_m', 0.0):.5g}, {best.get('com_y_m', 0.0):.5g}, 0.0]}}")
@@ -661,7 +664,9 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
 
     Viscous friction b adds to the PD damping kd (both oppose the joint's speed): it joins the
     damping scale as kd_scale + b / kd where a group's joints share one kd. Latency: the event
-    ``command_latency`` (physics steps) over its range, in place of the task's ``action_delay``.
+    ``command_latency`` (physics steps) over its range widened by twice the fitted jitter's std
+    (training draws a latency per episode, the robot's link per command), in place of the task's
+    ``action_delay``.
     A payload: the event ``added_mass`` on the base, and ``com_offset`` per axis, in place of the
     task's own. Foot friction: the event ``friction`` on every body of the robot (its value is the
     one in effect against the ground), in place of the task's own. Actuator networks drive their
@@ -697,6 +702,8 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
     if "latency_ms" in estimates:  # in physics steps, drawn per episode (the robot's link jitters)
         funcs.update(("command_latency", "action_delay"))  # (the task's delay in whole control steps: replaced)
         low, high = estimate_range(report, "latency_ms")
+        jitter = 2 * estimates.get("latency_jitter_ms", 0.0)  # the jitter's spread, drawn per episode in training
+        low, high = max(low - jitter, 0.0), high + jitter
         lines.append(f"    calibrated_latency: {{func: command_latency, mode: reset, range: [{low:.4g}, {high:.4g}]}}"
                      f"   # ms, in physics steps of {meta.physics_dt * 1000:g} ms")
     if "added_mass_kg" in estimates:  # the base's mass, in kg added to the model's

@@ -27,6 +27,7 @@ What it simulates, per physics step of its own rate (``physics_hz``):
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,11 +154,14 @@ class RealityRobot(MuJoCoRobot):
         source, metadata, options: as :class:`MuJoCoRobot`'s.
         reality: what differs from the model.
         tick_s: the caller's step [s] (default: the export's physics step).
-        at_arrival: a command acts from the instant it arrives: the physics step it arrives within
-            runs on the time-weighted mean of the command before it and it. Calibration's candidate
-            models do, so that the latency is a continuous value and a jittered link's mean latency
-            is the one fitted. Else (a reality) it acts from the first step it has arrived by (to
-            half a step), as a driver that reads its commands once a physics step.
+        at_arrival: a command acts from the instant it arrives: each physics step runs on the
+            expected command over it, each command weighted by the share of the step it is expected
+            to have arrived for (its arrival a normal of the latency's mean and jitter; without
+            jitter, the time-weighted mean of the command before it and it). Calibration's candidate
+            models do, so that the latency and its jitter are continuous values and the fit's loss
+            draws nothing. Else (a reality) each command draws its latency and acts from the first
+            step it has arrived by (to half a step), as a driver that reads its commands once a
+            physics step.
     """
 
     def __init__(self, source, metadata: PolicyContract, reality: Reality, options: dict | None = None,
@@ -231,7 +235,9 @@ class RealityRobot(MuJoCoRobot):
         latency, drawn for it."""
         self.targets = np.asarray(q_target, np.float64)
         latency = self.reality.latency_ms
-        delay = max(0.0, latency.mean + latency.jitter * self.rng.standard_normal()) if latency.jitter else latency.mean
+        delay = latency.mean  # (at arrival the jitter is an expectation: physics_step)
+        if latency.jitter and not self.at_arrival:
+            delay = max(0.0, delay + latency.jitter * self.rng.standard_normal())
         command = (self.targets, self.gains[0] if kp is None else np.asarray(kp, np.float64),
                    self.gains[1] if kd is None else np.asarray(kd, np.float64), dq_target, tau_ff)
         self.in_flight.append((self.data.time + delay * 1e-3, *command))
@@ -246,23 +252,16 @@ class RealityRobot(MuJoCoRobot):
         h = self.model.opt.timestep
         play = self.backlash.any()
         for _ in range(self.substeps):
-            arriving = []
-            if self.in_flight:
-                # What has arrived by now (to half a step; at arrival, to a millionth of one: the clock
-                # is a sum of floats): the newest acts
-                now = d.time + (1e-6 if self.at_arrival else 0.5) * h
-                arrived = [c for c in self.in_flight if c[0] <= now]
-                if arrived:
-                    self.acting = max(arrived, key=lambda c: c[0])[1:]
-                    self.in_flight = [c for c in self.in_flight if c[0] > now]
-                if self.at_arrival:
-                    arriving = [c for c in self.in_flight if c[0] < d.time + h]
-            q_star, p, v, dq_star, ff = self.acting
-            if arriving:  # this step's mean command: the acting one until the newest arrives, then that one
-                arrival, *command = max(arriving, key=lambda c: c[0])
-                share = (d.time + h - arrival) / h
-                q_star, p, v, dq_star, ff = ((1 - share) * np.asarray(old) + share * np.asarray(new)
-                                             for old, new in zip(self.acting, command))
+            if self.at_arrival:
+                q_star, p, v, dq_star, ff = self.expected_command(d.time, h)
+            else:
+                if self.in_flight:  # what has arrived by now, to half a step: the newest acts
+                    now = d.time + 0.5 * h
+                    arrived = [c for c in self.in_flight if c[0] <= now]
+                    if arrived:
+                        self.acting = max(arrived, key=lambda c: c[0])[1:]
+                        self.in_flight = [c for c in self.in_flight if c[0] > now]
+                q_star, p, v, dq_star, ff = self.acting
             q, dq = d.qpos[self.qpos_ids], d.qvel[self.qvel_ids]
             error = q_star - q
             if play:  # (without play this is the error itself, bit for bit)
@@ -273,6 +272,34 @@ class RealityRobot(MuJoCoRobot):
                 self.network_torques(q_star, q, dq, self.tau, self.motor_clip.high, ff)
             d.qfrc_applied[self.qvel_ids] = self.tau
             self.mj_step()
+
+    def expected_command(self, start: float, h: float) -> tuple:
+        """The expected command over the physics step [start, start + h] (``at_arrival``): the acting
+        one, plus each command in flight's change on the one sent before it, times the share of the
+        step it is expected to have arrived for. Arrivals spread as a normal of the jitter's std
+        about the mean latency (its cut at zero neglected); a command retires to acting once the
+        step's end is 4 std past its mean arrival. Commands sent in order arrive in order here."""
+        if not self.in_flight:
+            return self.acting
+        sigma = self.reality.latency_ms.jitter * 1e-3
+        expected, previous, retired = list(self.acting), self.acting, 0
+        for arrival, *command in self.in_flight:
+            if sigma > 0:  # the step's mean of the normal CDF: int Phi = x Phi(x) + phi(x)
+                a, b = (start - arrival) / sigma, (start + h - arrival) / sigma
+                share = sigma / h * (_integral_of_cdf(b) - _integral_of_cdf(a))
+            else:  # (to a millionth of a step: the clock is a sum of floats)
+                share = min(max((start + h - arrival) / h, 0.0), 1.0) if arrival > start + 1e-6 * h else 1.0
+            if share <= 0.0:
+                break
+            # (a part sent unchanged, the gains as a rule, is the same object: nothing to blend)
+            expected = [e if c is p else e + share * (np.asarray(c, np.float64) - p)
+                        for e, c, p in zip(expected, command, previous)]
+            previous = command
+            retired += start + h >= arrival + 4 * sigma
+        if retired:
+            self.acting = tuple(self.in_flight[retired - 1][1:])
+            self.in_flight = self.in_flight[retired:]
+        return tuple(expected)
 
     def sense(self, joint_pos: np.ndarray, joint_vel: np.ndarray, gyro: np.ndarray,
               accel: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -292,3 +319,8 @@ class RealityRobot(MuJoCoRobot):
         state.update(joint_pos=q.astype(np.float32), joint_vel=dq.astype(np.float32),
                      base_ang_vel=gyro.astype(np.float32), joint_torque=self.tau.astype(np.float32))  # tau_est
         return state
+
+
+def _integral_of_cdf(x: float) -> float:
+    """The integral of the standard normal CDF up to x: x Phi(x) + phi(x)."""
+    return x * 0.5 * (1.0 + math.erf(x / math.sqrt(2.0))) + math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
