@@ -665,8 +665,8 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
     Viscous friction b adds to the PD damping kd (both oppose the joint's speed): it joins the
     damping scale as kd_scale + b / kd where a group's joints share one kd. Latency: the event
     ``command_latency`` (physics steps) over its range widened by twice the fitted jitter's std
-    (training draws a latency per episode, the robot's link per command), in place of the task's
-    ``action_delay``.
+    (training draws a latency per episode, the robot's link per command) within the latency's
+    prior, in place of the task's ``action_delay``.
     A payload: the event ``added_mass`` on the base, and ``com_offset`` per axis, in place of the
     task's own. Foot friction: the event ``friction`` on every body of the robot (its value is the
     one in effect against the ground), in place of the task's own. Actuator networks drive their
@@ -703,7 +703,7 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
         funcs.update(("command_latency", "action_delay"))  # (the task's delay in whole control steps: replaced)
         low, high = estimate_range(report, "latency_ms")
         jitter = 2 * estimates.get("latency_jitter_ms", 0.0)  # the jitter's spread, drawn per episode in training
-        low, high = max(low - jitter, 0.0), high + jitter
+        low, high = max(low - jitter, 0.0), min(high + jitter, PARAMETERS["latency_ms"][1])
         lines.append(f"    calibrated_latency: {{func: command_latency, mode: reset, range: [{low:.4g}, {high:.4g}]}}"
                      f"   # ms, in physics steps of {meta.physics_dt * 1000:g} ms")
     if "added_mass_kg" in estimates:  # the base's mass, in kg added to the model's

@@ -313,14 +313,16 @@ def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitati
 def test_a_fitted_jitter_widens_the_latency_training_draws_per_episode(go2, tmp_path):
     """A link fitted at 12 ms with 3 ms of jitter (the mean's 95% interval 11-13 ms): training draws
     each episode's latency over 11-13 ms widened by twice the jitter, 5-19 ms, in whole physics
-    steps of 5 ms (1 to 4); a robot that does not jitter keeps the mean's interval."""
+    steps of 5 ms (1 to 4); a robot that does not jitter keeps the mean's interval; a latency the
+    logs do not pin down spans its prior, 0-30 ms, and no further."""
     from legion.sim2real.calibrate import training_overlay
 
-    pinned = {"pinned": True, "bootstrap": [11.0, 13.0]}
-    for jitter, expected in ((3.0, [5.0, 19.0]), (0.0, [11.0, 13.0])):
+    pinned, flat = {"pinned": True, "bootstrap": [11.0, 13.0]}, {"pinned": False, "bootstrap": [11.0, 13.0]}
+    for latency, jitter, expected in ((pinned, 3.0, [5.0, 19.0]), (pinned, 0.0, [11.0, 13.0]),
+                                      (flat, 3.0, [0.0, 30.0])):
         report = {"log": "logs", "estimates": {"latency_ms": 12.0, "latency_jitter_ms": jitter},
-                  "profile": {"latency_ms": pinned, "latency_jitter_ms": {"pinned": True, "bootstrap": [2.0, 4.0]}}}
-        task_file = tmp_path / f"task_jitter_{jitter:g}.yaml"
+                  "profile": {"latency_ms": latency, "latency_jitter_ms": {"pinned": True, "bootstrap": [2.0, 4.0]}}}
+        task_file = tmp_path / f"task_jitter_{jitter:g}{'' if latency['pinned'] else '_flat'}.yaml"
         task_file.write_text(training_overlay(report, go2["meta"], None))
         assert compose(f"task={task_file}", "robot=go2").task.events["calibrated_latency"].range == expected
     steps = make_env(f"task={tmp_path / 'task_jitter_3.yaml'}", "robot=go2", "sim.num_envs=64").sim.command_latency
