@@ -235,7 +235,7 @@ class RealityRobot(MuJoCoRobot):
         latency, drawn for it."""
         self.targets = np.asarray(q_target, np.float64)
         latency = self.reality.latency_ms
-        delay = latency.mean  # (at arrival the jitter is an expectation: physics_step)
+        delay = latency.mean  # (at arrival the jitter is an expectation: expected_command)
         if latency.jitter and not self.at_arrival:
             delay = max(0.0, delay + latency.jitter * self.rng.standard_normal())
         command = (self.targets, self.gains[0] if kp is None else np.asarray(kp, np.float64),
