@@ -8,7 +8,7 @@ against calibrated, and the seconds the fit took.
 
     python bench/calibration.py --run <Go2 run or export>
         [--realities go2_worn_motors go2_payload go2_backlash go2_gear_play]
-        [--params kp_scale kd_scale coulomb_friction armature latency_ms [latency_jitter_ms backlash]]
+        [--params kp_scale kd_scale coulomb_friction armature latency_ms [latency_jitter_ms backlash encoder_bias]]
         [--groups calf:.*_calf_joint ...]
         [--seconds 20] [--evaluations 2400] [--bootstrap 200] [--workers N]
     python bench/calibration.py --run <Go2 run> --standing --params kp_scale added_mass_kg --amplitude 0.05 \
@@ -48,6 +48,8 @@ def truth(exported: Path, reality, name: str, groups: dict) -> float:
         return reality.base.added_mass_kg
     if name in ("com_x_m", "com_y_m"):
         return reality.base.com_offset_m["xy".index(name[4])]
+    if name == "encoder_bias":
+        return reality.encoders.position_bias
     if name == "foot_friction":  # (NaN: the reality keeps the model's contacts)
         return float("nan") if reality.foot_friction is None else reality.foot_friction
     param, _, group = name.partition("@")

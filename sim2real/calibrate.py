@@ -10,7 +10,8 @@ command acting from the instant it arrives, over a normal spread of arrivals whe
 jitter is fitted (``latency_jitter_ms``), so that the latency and its jitter are continuous values
 and no candidate draws anything), hung as the robot was or free: each short window of the log
 (``window_s``) starts from the logged joint positions and velocities (and a free base's logged pose
-and velocity) and replays the logged targets; the loss is the mean squared joint-position error over
+and velocity; the positions less the encoders' zero offset where ``encoder_bias`` is fitted) and
+replays the logged targets; the loss is the mean squared joint-position error over
 the windows, in units of the logged motion's variance, plus, where the log holds the motors' torques
 (a Unitree robot's tau_est), their mean squared error in units of their variance: from positions
 alone the gains, the damping and the armature can be scaled together with the same motion (the legs'
@@ -63,12 +64,14 @@ if TYPE_CHECKING:
 PARAMETERS = {"kp_scale": (0.5, 1.5), "kd_scale": (0.3, 3.0), "coulomb_friction": (0.0, 1.0),
               "viscous_friction": (0.0, 0.5), "armature": (0.0, 0.1), "latency_ms": (0.0, 30.0),
               "latency_jitter_ms": (0.0, 10.0), "added_mass_kg": (-3.0, 10.0), "com_x_m": (-0.08, 0.08),
-              "com_y_m": (-0.08, 0.08), "foot_friction": (0.1, 1.5), "backlash": (0.0, 0.08)}
+              "com_y_m": (-0.08, 0.08), "foot_friction": (0.1, 1.5), "backlash": (0.0, 0.08),
+              "encoder_bias": (-0.05, 0.05)}
 NOMINAL = {"kp_scale": 1.0, "kd_scale": 1.0, "coulomb_friction": 0.0, "viscous_friction": 0.0, "armature": None,
            "latency_ms": 0.0, "latency_jitter_ms": 0.0, "added_mass_kg": 0.0, "com_x_m": 0.0, "com_y_m": 0.0,
-           "foot_friction": None, "backlash": 0.0}
+           "foot_friction": None, "backlash": 0.0, "encoder_bias": 0.0}
 # one value for the robot, not per joint group (foot friction: every contact with the ground)
-WHOLE_ROBOT = ("latency_ms", "latency_jitter_ms", "added_mass_kg", "com_x_m", "com_y_m", "foot_friction")
+WHOLE_ROBOT = ("latency_ms", "latency_jitter_ms", "added_mass_kg", "com_x_m", "com_y_m", "foot_friction",
+               "encoder_bias")
 # what only logs of the robot standing or walking tell (a hung robot's feet touch nothing)
 ON_THE_GROUND = ("added_mass_kg", "com_x_m", "com_y_m", "foot_friction")
 FLAT_RISE = 0.05  # relative loss rise below which a parameter is not pinned down
@@ -215,14 +218,15 @@ class Fit:
         return robot
 
     def simulate(self, values: dict, windows: list[Window], prepare=None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per window, the simulated joint positions and motor torques after each logged target: (T, J)
-        each; on the model of ``values``, hung where the window's robot was (no base state), each
-        robot passed to ``prepare`` first where given (e.g. to drive it by actuator networks)."""
+        """Per window, the simulated joint positions (as the encoders read them: plus ``encoder_bias``)
+        and motor torques after each logged target: (T, J) each; on the model of ``values``, hung where
+        the window's robot was (no base state), each robot passed to ``prepare`` first where given (e.g.
+        to drive it by actuator networks)."""
         import mujoco
 
         if self.workers is not None and prepare is None and len(windows) > 1:
             return self.workers.simulate(self, values, windows)
-        robots, out = {}, []
+        robots, out, bias = {}, [], values.get("encoder_bias") or 0.0
         for w in windows:
             hung = w.base is None
             if hung not in robots:
@@ -230,7 +234,7 @@ class Fit:
                 if prepare is not None:
                     prepare(robots[hung])
             robot = robots[hung]
-            robot.reset(joint_pos=w.joint_pos[0])
+            robot.reset(joint_pos=w.joint_pos[0] - bias)  # the joints where they were, not where read
             robot.data.qvel[robot.qvel_ids] = w.joint_vel[0]
             if w.base is not None:  # a free base where the log had it (MuJoCo: w x y z; linear velocity in the world)
                 pos, (x, y, z, qw), lin, ang = w.base[:3], w.base[3:7], w.base[7:10], w.base[10:13]
@@ -246,7 +250,7 @@ class Fit:
             positions, torques = [], []
             for targets in w.targets:
                 robot.write_targets(targets)
-                positions.append(robot.data.qpos[robot.qpos_ids].copy())
+                positions.append(robot.data.qpos[robot.qpos_ids] + bias)
                 torques.append(getattr(robot, "tau", robot.data.qfrc_applied[robot.qvel_ids]).copy())
             out.append((np.array(positions), np.array(torques)))
         return out
@@ -334,8 +338,9 @@ class Fit:
         motion lets latency trade against the gains, the torques do not. Where gear play is fitted
         too, its dead zone is in the law: ``kp (e - sign(e) b / 2)`` is linear in kp and kp b, fitted
         where ``|e|`` is past the play (a second pass, once the first has sized it); else a lower kp
-        would stand in for the play. Only the values among ``names``; {} where the logs hold no
-        torques."""
+        would stand in for the play. Where the encoders' zero offset is fitted too, it is the law's
+        constant term over kp (the mean over the groups). Only the values among ``names``; {} where the
+        logs hold no torques."""
         if self.torque_scale is None:
             return {}
         from legion.sim2real.deploy.mujoco_robot import motor_gains
@@ -343,6 +348,7 @@ class Fit:
         kp, kd = motor_gains(self.metadata)[:2]
         step, names, out = self.metadata.physics_dt, self.metadata.joint_names, {}
         play = "backlash" in {_base(name) for name in self.names}
+        offset, biases = "encoder_bias" in self.names, []  # (the joints read off by b: the law's error is e + b)
         for label, pattern in (self.groups or {"": ".*"}).items():
             joints = [k for k, joint in enumerate(names) if re.fullmatch(pattern, joint)]
             # every tick of every window, the group's joints side by side: (ticks, joints)
@@ -351,6 +357,7 @@ class Fit:
             dq = np.concatenate([w.joint_vel[1:, joints] for w in self.windows])
             torque = np.concatenate([w.joint_torque[1:, joints] for w in self.windows])  # pyright: ignore[reportOptionalSubscript]
             columns = [kp[joints] * error, -kd[joints] * dq] + ([-0.5 * kp[joints] * np.sign(error)] if play else [])
+            columns += [np.broadcast_to(kp[joints], error.shape)] if offset else []
             rows, used = np.stack([c.ravel() for c in columns], 1), np.ones(error.size, bool)
             suffix = f"@{label}" if self.groups else ""
             for _ in range(2 if play else 1):  # with play, the second fit where the error is past it
@@ -358,6 +365,8 @@ class Fit:
                 backlash = max(scales[2] / scales[0], 0.0) if play and scales[0] > 0 else 0.0
                 out |= {f"kp_scale{suffix}": scales[0], f"kd_scale{suffix}": scales[1], f"backlash{suffix}": backlash}
                 used = np.abs(error.ravel()) > 0.5 * backlash
+            biases += [scales[-1] / scales[0]] if offset and scales[0] > 0 else []
+        out |= {"encoder_bias": float(np.mean(biases))} if biases else {}
         return {name: float(np.clip(value, *PARAMETERS[_base(name)])) for name, value in out.items()
                 if name in self.names}
 
@@ -623,6 +632,8 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
                      f"[{best.get('com_x_m', 0.0):.5g}, {best.get('com_y_m', 0.0):.5g}, 0.0]}}")
     if "foot_friction" in best:
         lines.append(f"foot_friction: {best['foot_friction']:.5g}")
+    if "encoder_bias" in best:
+        lines.append(f"encoders: {{position_bias: {best['encoder_bias']:.5g}}}")
     joints = {pattern: joint for pattern, joint in joint_groups(best, groups).items() if joint}
     if joints:
         lines.append("joints:")
@@ -681,6 +692,9 @@ def training_overlay(report: dict, meta, groups: dict[str, str] | None, task: di
         header.append(f"# {', '.join(inconsistent)}: fitted hung, inconsistent with the logs on the ground; "
                       "the task's own randomization of them is kept")
     estimates = {n: v for n, v in report["estimates"].items() if n not in inconsistent}
+    if "encoder_bias" in estimates:  # a reading's offset: corrected on the robot, not randomized in training
+        header.append(f"# encoder_bias: the robot's encoders read {estimates['encoder_bias']:+.4g} rad off the joints; "
+                      "training does not simulate it")
     lines = ["defaults:", f"  - {meta.task}", "  - _self_", "task:", "  events:"]
     funcs = set()
     for label, pattern in (groups or {"all": ".*"}).items():

@@ -26,7 +26,8 @@ task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calib
                     [N m], viscous_friction [N m s/rad], armature [kg m^2], backlash [rad] (gear
                     play; every joint alike, or per group), latency_ms, latency_jitter_ms (the
                     std of the link's latency per command: where it jitters by a physics step or
-                    more, and with gear play), added_mass_kg, com_x_m,
+                    more, and with gear play), encoder_bias [rad] (every joint encoder's
+                    zero offset: the joints' state read off by it), added_mass_kg, com_x_m,
                     com_y_m (a payload on the base and its centre of mass), foot_friction (of
                     every contact with the ground: where the feet slip); the last four from logs
                     of the robot standing or walking, hung=false
