@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="the chirp's length")
     parser.add_argument("--amplitude", type=float, default=0.15)
     parser.add_argument("--evaluations", type=int, default=2400)
+    parser.add_argument("--window-s", type=float, default=0.5, help="calibrate window_s= (the replay window)")
     parser.add_argument("--workers", type=int, default=None, help="calibrate workers= (default: every usable core)")
     parser.add_argument("--bootstrap", type=int, default=200, help="calibrate bootstrap= (resamples)")
     parser.add_argument("--seed", type=int, default=0, help="the search's (calibrate seed=)")
@@ -105,8 +106,8 @@ def main() -> None:
             if free and args.hung_chirp:
                 logs.append(simulated_log(exported, reality, Path(folder) / "hung",
                                           Excitation("chirp", args.amplitude, args.hung_chirp)))
-            report = calibrate(logs, exported, args.params, max_evaluations=args.evaluations, bootstrap=args.bootstrap,
-                               seed=args.seed, groups=groups or None, say=lambda line: None,
+            report = calibrate(logs, exported, args.params, window_s=args.window_s, max_evaluations=args.evaluations,
+                               bootstrap=args.bootstrap, seed=args.seed, groups=groups or None, say=lambda line: None,
                                hung=[not free, True][:len(logs)],
                                actuator_network=args.actuator_network, workers=args.workers)
         reports[name] = report

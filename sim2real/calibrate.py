@@ -4,9 +4,10 @@ The logs are the control loop's (``legion deploy ... log=DIR``, :mod:`legion.sim
 best an identification routine with the robot hung (``excite=chirp``, the base held: the legs'
 motion is then the motors' and the joints' alone); with the robot standing or walking
 (``hung=False``) the base's payload too, which the stance legs' torques carry; logs of both kinds
-are fitted in two stages (the motors from the hung ones, then the body). The model is the export's
-``robot.mjb`` with the parameters of a reality (:class:`~legion.sim2real.reality.RealityRobot`; each
-command acting from the instant it arrives, over a normal spread of arrivals where the link's
+are fitted in two stages (the motors from the hung ones, then the body and the drivers' kp). The
+model is the export's ``robot.mjb`` with the parameters of a reality
+(:class:`~legion.sim2real.reality.RealityRobot`; each command acting from the instant it arrives,
+over a normal spread of arrivals where the link's
 jitter is fitted (``latency_jitter_ms``), so that the latency and its jitter are continuous values
 and no candidate draws anything), hung as the robot was or free: each short window of the log
 (``window_s``) starts from the logged joint positions and velocities (and a free base's logged pose
@@ -466,29 +467,32 @@ def _search(fit: Fit, start: np.ndarray, sigma: float, budget: int, seed: int, s
     return np.asarray(es.result.xbest)[:dims], float(es.result.fbest)
 
 
-def one_step_bootstrap(stages: list[Fit], best: dict, resamples: int, seed: int) -> list[dict]:
+def one_step_bootstrap(stages: list[tuple[Fit, int]], best: dict, resamples: int, seed: int) -> list[dict]:
     """The estimates refit on ``resamples`` resamples of the windows (drawn with replacement), each refit
     one Gauss-Newton step from ``best`` on its resample's loss (the one-step bootstrap), from one
     :meth:`Fit.jacobian` per stage: two evaluations per value and one per stage, however many
     resamples. ``stages``: the fit's stages in order, each a Fit over its windows whose ``names``
-    are the earlier stages' values then its own; a later stage's step moves with each resample's
-    earlier values (it was fitted with them held). (Refits by CMA-ES from the estimate, 60
+    are the values it held then its own, and how many are its own; a stage's step moves with each
+    resample's values of the earlier stages (it was fitted with them held), and a value a later
+    stage fits again takes that stage's step. (Refits by CMA-ES from the estimate, 60
     evaluations each, were the bootstrap before: on a resample of a worn Go2's hung windows such a
     refit ended at a loss of 0.0073 where the estimate itself had 0.0049, and 600 evaluations were
     needed to beat it: their spread was the search's, not the logs'.)"""
-    rng, steps = np.random.default_rng(seed), np.zeros((resamples, 0))
-    for fit in stages:
+    rng, steps = np.random.default_rng(seed), {}  # name -> (B,) each resample's step
+    for fit, count in stages:
         r, jac = fit.jacobian(best)  # (W, K), (W, K, D)
         weights = rng.multinomial(len(r), np.full(len(r), 1 / len(r)), size=resamples) / len(r)  # (B, W)
         gradient = weights @ (2 * np.einsum("wk,wkd->wd", r, jac))  # each resample's loss: weighted windows
         hessian = np.einsum("bw,wde->bde", weights, 2 * np.einsum("wkd,wke->wde", jac, jac))  # Gauss-Newton's
-        known = steps.shape[1]
-        own = hessian[:, known:, known:] + 1e-9 * np.eye(len(fit.names) - known) * np.trace(
+        known = len(fit.names) - count
+        held = np.stack([steps[name] for name in fit.names[:known]], 1) if known else np.zeros((resamples, 0))
+        own = hessian[:, known:, known:] + 1e-9 * np.eye(count) * np.trace(
             hessian, axis1=1, axis2=2)[:, None, None]  # (a value the loss ignores steps nowhere)
-        rhs = gradient[:, known:] + np.einsum("bij,bj->bi", hessian[:, known:, :known], steps)
-        steps = np.concatenate([steps, -np.linalg.solve(own, rhs[..., None])[..., 0]], 1)
-    last = stages[-1]
-    return [last.values(np.clip(last.coordinates(best) + step, 0, 1)) for step in steps]
+        rhs = gradient[:, known:] + np.einsum("bij,bj->bi", hessian[:, known:, :known], held)
+        steps |= dict(zip(fit.names[known:], -np.linalg.solve(own, rhs[..., None])[..., 0].T))
+    last = stages[-1][0]
+    moved = np.stack([steps[name] for name in last.names], 1)
+    return [last.values(np.clip(last.coordinates(best) + step, 0, 1)) for step in moved]
 
 
 def calibrate(log: str | Path | list, exported: str | Path, params: list[str], window_s: float = 0.5,
@@ -536,33 +540,41 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
     nominal = {n: fit.nominal(n) for n in names}
     # Logs of both kinds: the motors from the hung windows first (there the legs' motion is the
     # motors' alone), with the whole budget, as a hung log alone gets, then the body from the
-    # standing or walking ones with the motors held, with a quarter more. All at once, the search
-    # over a dozen values missed both (a payload reality's calf damping 22% off, its payload 19%).
+    # standing or walking ones with the rest of the motors held, with a quarter more. All at once,
+    # the search over a dozen values missed both (a payload reality's calf damping 22% off, its
+    # payload 19%). The drivers' stiffness is searched again with the body: the stance legs' sag
+    # under it is their stiffness, and a hung leg's can be a jittery link's (the jitter's drift,
+    # which a lower gain shrinks, had gear play's calves 3-10% low at three seeds, 0.4% from the
+    # walk), while their damping is left to the hung logs (fitted again walking, worn motors' hip
+    # and thigh kd came out 14% high against 1% hung).
     motors = [n for n in names if _base(n) not in ON_THE_GROUND]
     body = [n for n in names if _base(n) in ON_THE_GROUND]
     stages = [(names, fitting, max_evaluations)]
     if motors and body and any(hung) and not all(hung):
         stages = [(motors, [w for w in fitting if w.base is None], max_evaluations),
-                  (body, [w for w in fitting if w.base is not None], max_evaluations // 4)]
+                  (body + [n for n in motors if _base(n) == "kp_scale"], [w for w in fitting if w.base is not None],
+                   max_evaluations // 4)]
     say(f"[calibrate] {len(fitting)} windows of {window_s:g} s to fit, {len(held_out)} held out; "
         f"parameters {', '.join(names)}; CMA-ES, at most {max_evaluations} evaluations"
-        + (f" for the motors from the hung logs, then {max_evaluations // 4} for the body from the others"
+        + (f" for the motors from the hung logs, then {max_evaluations // 4} for the body (and the drivers' kp) "
+           "from the others"
            if len(stages) > 1 else "")
         + (f", then a one-step bootstrap of {bootstrap} resamples" if bootstrap else ""))
     with Workers(workers) if workers > 1 else contextlib.nullcontext() as pool:
         fit.workers = pool
         t0 = time.perf_counter()
-        best, evaluations, searched, stage_fits = {}, 0, [], []
+        best, evaluations, searched, stage_fits, hung_motors = {}, 0, [], [], {}
         for stage, stage_windows, budget in stages:
             stage_fit = Fit(exported / "robot.mjb", meta, stage_windows, stage, groups, fixed=best, workers=pool)
             best, _ = stage_fit.search(budget, seed, say)
+            hung_motors = hung_motors or best  # (the first stage's: the motors as the hung logs have them)
             evaluations += stage_fit.evaluations
-            searched += stage
-            stage_fits.append(Fit(exported / "robot.mjb", meta, stage_windows, list(searched), groups, fixed=best,
-                                  workers=pool))
+            searched = [n for n in searched if n not in stage] + stage  # what it held, then its own
+            stage_fits.append((Fit(exported / "robot.mjb", meta, stage_windows, list(searched), groups, fixed=best,
+                                   workers=pool), len(stage)))
         x, best_loss = fit.coordinates(best), fit.loss(best)
         resampled = one_step_bootstrap(stage_fits, best, bootstrap, seed) if bootstrap else []
-        replays = sum(f.evaluations for f in stage_fits)
+        replays = sum(f.evaluations for f, _ in stage_fits)
         evaluations += replays
         if bootstrap:
             say(f"[calibrate] one-step bootstrap: {bootstrap} resamples of the windows, from {replays} evaluations")
@@ -587,9 +599,10 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
         ground = [w for w in held_out if w.base is not None]
         motor_torques = None
         if len(stages) > 1 and fit.torque_scale is not None and ground:
+            hung_fit = {**best, **{name: hung_motors[name] for name in motors}}
             motor_torques = {label: float(np.sqrt(np.mean(fit.errors(values, ground)[:, 1])))
-                             for label, values in (("nominal", nominal), ("calibrated", best))}
-            if motor_torques["calibrated"] >= motor_torques["nominal"]:
+                             for label, values in (("nominal", nominal), ("fitted_hung", hung_fit))}
+            if motor_torques["fitted_hung"] >= motor_torques["nominal"]:
                 for name in motors:
                     profile[name].update(pinned=False, inconsistent=True)
     fit.workers = None  # (ended)
@@ -814,9 +827,9 @@ def table(report: dict) -> str:
         rows.append("WARNING: the calibrated model does not beat the nominal one on the held-out windows: it fitted "
                     "noise or effects outside its parameters; do not use these estimates")
     torques = report.get("held_out_torque_rmse_on_the_ground_nm")
-    if torques is not None and torques["calibrated"] >= torques["nominal"]:
+    if torques is not None and torques["fitted_hung"] >= torques["nominal"]:
         rows.append(f"WARNING: the motors fitted to the hung logs predict the torques on the ground worse than the "
-                    f"nominal model (held-out: {torques['calibrated']:.3f} against {torques['nominal']:.3f} N m): the "
+                    f"nominal model (held-out: {torques['fitted_hung']:.3f} against {torques['nominal']:.3f} N m): the "
                     "robot has an effect the fitted model lacks (gear play, a motor's torque-speed curve, ...) and "
                     "their estimates compensate for it, so they are flagged, not the robot's values; the task file "
                     "keeps the task's own randomization of them")
