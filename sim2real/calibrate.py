@@ -544,8 +544,8 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
     # the search over a dozen values missed both (a payload reality's calf damping 22% off, its
     # payload 19%). The drivers' stiffness is searched again with the body: the stance legs' sag
     # under it is their stiffness, and a hung leg's can be a jittery link's (the jitter's drift,
-    # which a lower gain shrinks, had gear play's calves 3-10% low at three seeds, 0.4% from the
-    # walk), while their damping is left to the hung logs (fitted again walking, worn motors' hip
+    # which a lower gain shrinks, had gear play's calves 3-10% low at three seeds, within 0.3% from
+    # the walk), while their damping is left to the hung logs (fitted again walking, worn motors' hip
     # and thigh kd came out 14% high against 1% hung).
     motors = [n for n in names if _base(n) not in ON_THE_GROUND]
     body = [n for n in names if _base(n) in ON_THE_GROUND]
