@@ -10,7 +10,9 @@ wrapper, as for PPO) carries the squashing and the scale, and the edge runtime r
 With ``agent.actor.rnn`` it is rsl-rl's ``RNNModel`` (an LSTM or GRU before the MLP), learned as
 R2D2 learns (Kapturowski et al. 2019): from sequences replayed from the memory the actor had at
 their first step, after a burn-in that refreshes it (:meth:`OffPolicyLearner.update`). The critics
-stay feed-forward, on the ``critic`` observation group where the task has one.
+stay feed-forward, on the ``critic`` observation group where the task has one. With
+``agent.symmetry.augmentation`` half of every sampled batch is replaced by its mirror image
+(:mod:`legion.tasks.symmetry`): as many gradient samples, twice the distinct transitions.
 
 :class:`OffPolicyRunner` is the training loop: every env step goes into the buffer (with the state
 an episode ended in as its next observation: the env's ``final_observations``), then
@@ -22,6 +24,7 @@ env steps.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import threading
 import time
@@ -170,11 +173,15 @@ class OffPolicyLearner:
         group: this rank's :class:`~legion.agents.distributed.Group` in a multi-process run: every
             rank starts from rank 0's networks and averages its gradients with the others' (as PPO's
             ranks do); rsl-rl's normalizers combine every rank's statistics.
+        mirror: the env's :class:`~legion.tasks.symmetry.Mirror`: the second half of every sampled
+            batch is learned from as its mirror image (``agent.symmetry.augmentation``).
     """
 
-    def __init__(self, obs: TensorDict, num_actions: int, num_envs: int, cfg: Agent, device: str, group=None):
+    def __init__(self, obs: TensorDict, num_actions: int, num_envs: int, cfg: Agent, device: str, group=None,
+                 mirror=None):
         if cfg.learner not in LEARNERS:
             raise ValueError(f"agent.learner={cfg.learner}: an off-policy learner is one of {LEARNERS}")
+        self.mirror = mirror
         self.cfg, self.kind, self.device = cfg.off_policy, cfg.learner, device
         off = cfg.off_policy
         sac = self.kind == "sac"
@@ -312,6 +319,8 @@ class OffPolicyLearner:
             batch, latent, next_latent = self._replay_sequences(buffer, grad=actor_step)
         else:
             batch = buffer.sample(off.batch_size)
+            if self.mirror is not None:
+                batch = self._mirror_half(batch)
             latent = self._inputs(batch.obs)
             with torch.no_grad():
                 next_latent = self._inputs(batch.next_obs)
@@ -328,6 +337,20 @@ class OffPolicyLearner:
                 for a, o in zip(self.averaged.parameters(), self.actor.parameters()):
                     a.lerp_(o, off.policy_average)
         return losses
+
+    def _mirror_half(self, batch: Batch) -> Batch:
+        """``batch`` with its second half (a random draw like the first) replaced by its mirror image:
+        the same rewards and discounts, observations and actions mirrored (a transition's mirror is
+        one the robot could have made; its priority is updated from the mirror's error)."""
+        half, mirror = len(batch.actions) // 2, self.mirror
+        assert mirror is not None
+
+        def mirrored(obs: TensorDict) -> TensorDict:
+            return torch.cat([obs[:half], mirror.observations(obs[half:])])  # pyright: ignore[reportArgumentType]
+
+        actions = torch.cat([batch.actions[:half], mirror.actions(batch.actions[half:])])
+        return dataclasses.replace(batch, obs=mirrored(batch.obs), next_obs=mirrored(batch.next_obs),
+                                   actions=actions)
 
     @property
     def policy(self):
@@ -529,8 +552,9 @@ class OffPolicyRunner(Runner):
 
     def _build_learner(self) -> None:
         env = self.env
+        mirror = env.mirror if self.cfg.symmetry.augmentation else None
         self.learner = OffPolicyLearner(env.get_observations().to(self.device), env.num_actions, env.num_envs,
-                                        self.cfg, self.device, self.group)
+                                        self.cfg, self.device, self.group, mirror)
         self.buffer: ReplayBuffer | None = None  # made by the first learn() (a loaded policy to run needs none)
         self._saved_buffer: dict | None = None  # from a checkpoint, until the buffer is made
         self.env_steps = 0  # control steps of all envs so far (learning starts after learning_starts)

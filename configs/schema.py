@@ -476,9 +476,10 @@ class StopWhen:
 class Symmetry:
     """rsl-rl's symmetry extension (Mittal et al. 2024) with the robot's mirror map (robot.mirror):
     mirrored copies of every mini-batch and/or a loss on the policy's disagreement with its own
-    mirror image. Feed-forward actor and critic only (rsl-rl)."""
+    mirror image. Feed-forward actor and critic only (rsl-rl). SAC and TD3 take augmentation only:
+    half of every replayed batch is learned from as its mirror image."""
 
-    augmentation: bool = False  # learn from each mini-batch and its mirror image
+    augmentation: bool = False  # learn from each mini-batch and its mirror image (SAC, TD3: half of each batch)
     mirror_loss: bool = False  # add mirror_loss_coeff * |pi(mirror(obs)) - mirror(pi(obs))|^2
     mirror_loss_coeff: float = 1.0
 

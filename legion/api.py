@@ -159,8 +159,12 @@ def _off_policy_problems(agent: schema.Agent) -> list[str]:
         elif off.buffer_size < window:
             problems.append(f"agent.off_policy.buffer_size={off.buffer_size}: a recurrent actor replays windows of "
                             f"burn_in + sequence_length + n_step - 1 = {window} steps; keep at least that many")
-    if agent.symmetry.augmentation or agent.symmetry.mirror_loss:
-        problems.append(f"agent.symmetry is PPO's (rsl-rl's extension); agent.learner={learner} takes none")
+    if agent.symmetry.mirror_loss:
+        problems.append(f"agent.symmetry.mirror_loss is PPO's (rsl-rl's extension); agent.learner={learner} takes "
+                        "agent.symmetry.augmentation=true (mirrored replay batches)")
+    if agent.symmetry.augmentation and agent.actor.rnn.type:
+        problems.append("agent.symmetry.augmentation mirrors single transitions: it takes a feed-forward actor; drop "
+                        "agent.actor.rnn or agent.symmetry.augmentation")
     if agent.init_from is not None:
         problems.append(f"agent.init_from starts PPO from a checkpoint; agent.learner={learner} starts from scratch")
     positive = {"buffer_size": off.buffer_size, "batch_size": off.batch_size, "update_to_data": off.update_to_data,

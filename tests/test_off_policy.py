@@ -367,6 +367,39 @@ def test_a_resumed_off_policy_run_goes_on_pushing_the_robots_its_checkpoint_had_
     assert not torch.equal(resumed.env.events.terms["push"].values, pushed)
 
 
+def test_symmetry_augmentation_learns_from_half_of_each_batch_as_its_mirror_image():
+    """agent.symmetry.augmentation on an off-policy learner: the second half of every sampled batch
+    is the robot's mirror image (commands' v_y and yaw rate, base y velocity, roll and yaw rates
+    negated; left and right legs swapped, hips negated, in observations, next observations and
+    actions), the first half and the rewards untouched; training with it stays finite."""
+    runner = make_runner("task=quadruped_flat", "sim.num_envs=4", "agent=sac", "agent.num_steps_per_env=8",
+                         "agent.off_policy.batch_size=16", "agent.off_policy.learning_starts=2",
+                         "agent.symmetry.augmentation=true")
+    runner.learn(2)
+    learner = runner.learner
+    assert learner.mirror is not None and learner.updates > 0
+    assert all(torch.isfinite(p).all() for p in (*learner.actor.parameters(), *learner.critic.parameters()))
+    assert runner.buffer is not None
+    batch = runner.buffer.sample(16)
+    mixed = learner._mirror_half(batch)
+    assert torch.equal(mixed.returns, batch.returns) and torch.equal(mixed.discounts, batch.discounts)
+    for name in ("obs", "next_obs"):
+        original, mirrored = getattr(batch, name)["critic"], getattr(mixed, name)["critic"]
+        assert torch.equal(mirrored[:8], original[:8])
+        # base_lin_vel 0:3, base_ang_vel 3:6, velocity_commands 9:12, joint_pos_rel 12:24 (FL, FR, RL, RR x
+        # hip, thigh, calf), base_height 48
+        assert torch.equal(mirrored[8:, 0:3], original[8:, 0:3] * torch.tensor([1.0, -1.0, 1.0]))
+        assert torch.equal(mirrored[8:, 3:6], original[8:, 3:6] * torch.tensor([-1.0, 1.0, -1.0]))
+        assert torch.equal(mirrored[8:, 9:12], original[8:, 9:12] * torch.tensor([1.0, -1.0, -1.0]))
+        assert torch.equal(mirrored[8:, 12], -original[8:, 15])  # FL hip is FR hip, turned the other way
+        assert torch.equal(mirrored[8:, 13:15], original[8:, 16:18])  # FL thigh and calf are FR's
+        assert torch.equal(mirrored[8:, 48], original[8:, 48])
+        assert not torch.equal(mirrored[8:], original[8:])
+    assert torch.equal(mixed.actions[:8], batch.actions[:8])
+    assert torch.equal(mixed.actions[8:, 0], -batch.actions[8:, 3])
+    assert torch.equal(mixed.actions[8:, 7:9], batch.actions[8:, 10:12])  # RL thigh, calf <- RR's
+
+
 @pytest.mark.parametrize("learner", ["sac", "td3"])
 def test_the_policy_is_the_exponential_average_of_the_actor_at_its_steps_and_resumes(tmp_path, learner):
     """agent.off_policy.policy_average=0.25: after every actor step (every policy_delay-th update) the
@@ -454,6 +487,13 @@ def test_off_policy_configs_it_cannot_run_are_refused_by_name():
     for expected in ("agent.off_policy.prioritized: a recurrent actor (agent.actor.rnn) replays sequences",
                      "agent.off_policy.buffer_size=7: a recurrent actor replays windows of burn_in + sequence_length "
                      "+ n_step - 1 = 8 steps"):
+        assert expected in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        api.validate(compose("task=quadruped_flat", "agent=sac", "agent.symmetry.mirror_loss=true",
+                             "agent.symmetry.augmentation=true", *LSTM))
+    for expected in ("agent.symmetry.mirror_loss is PPO's (rsl-rl's extension); agent.learner=sac takes "
+                     "agent.symmetry.augmentation=true", "agent.symmetry.augmentation mirrors single transitions: "
+                     "it takes a feed-forward actor"):
         assert expected in str(e.value)
     with pytest.raises(ConfigError, match="agent.learner=ddpg: choose ppo, sac or td3"):
         api.validate(compose("task=cartpole", "agent.learner=ddpg"))
