@@ -346,7 +346,7 @@ class OffPolicyLearner:
         assert mirror is not None
 
         def mirrored(obs: TensorDict) -> TensorDict:
-            return torch.cat([obs[:half], mirror.observations(obs[half:])])  # pyright: ignore[reportArgumentType]
+            return torch.cat([obs[:half], mirror.observations(obs[half:])])  # pyright: ignore[reportReturnType]
 
         actions = torch.cat([batch.actions[:half], mirror.actions(batch.actions[half:])])
         return dataclasses.replace(batch, obs=mirrored(batch.obs), next_obs=mirrored(batch.next_obs),
