@@ -17,7 +17,8 @@ the windows, in units of the logged motion's variance, plus, where the log holds
 (a Unitree robot's tau_est), their mean squared error in units of their variance: from positions
 alone the gains, the damping and the armature can be scaled together with the same motion (the legs'
 own inertia is small), and the torques fix that scale. CMA-ES (the ``cma`` package) searches the
-parameters asked for, each within its prior range, scaled to [0, 1].
+parameters asked for, each within its prior range, scaled to [0, 1], and Levenberg-Marquardt steps
+on the windows' residuals take its best to the floor of the valley it stopped in (:meth:`Fit.polish`).
 
 Identifiability: a parameter is flagged as not pinned down by these logs where its loss profile is
 flat (the loss rises by less than ``FLAT_RISE`` when it alone moves 20% of its range from the
