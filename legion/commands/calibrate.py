@@ -13,13 +13,14 @@ Fits the motor and joint parameters of the export's robot.mjb (the model the pol
 to a robot's logs (`legion deploy ... log=DIR`; best an identification routine with the robot
 hung: `legion deploy ... excite=chirp`). Each 0.5 s window of the logs is replayed from its
 logged joint state with its logged targets; CMA-ES searches the parameters for the smallest
-joint-position error, and Levenberg-Marquardt steps polish its best. Prints the estimates with their spread over a bootstrap (refits on windows
-drawn with replacement), which of them the logs do not pin down (a flat loss, or a 95% interval
-reaching past +-20%), and the joint RMSE on held-out windows, nominal against calibrated. Writes
-into out (default: the log folder) calibration.json, reality_calibrated.yaml (`legion sim2sim reality=<it>` runs the
-calibrated robot), task_calibrated.yaml (the run's task with its randomization centred on the
-estimates and as wide as their spread, the whole prior where not pinned down: `legion train
-task=<it> robot=...` trains or fine-tunes on the calibrated simulator) and calibration.png
+joint-position error, and Levenberg-Marquardt steps polish its best. Prints the estimates with
+their spread over a bootstrap (refits on windows drawn with replacement), which of them the logs
+do not pin down (a flat loss, or a 95% interval reaching past +-20%), and the joint RMSE on
+held-out windows, nominal against calibrated. Writes into out (default: the log folder)
+calibration.json, reality_calibrated.yaml (`legion sim2sim reality=<it>` runs the calibrated
+robot), task_calibrated.yaml (the run's task with its randomization centred on the estimates and
+as wide as their spread, the whole prior where not pinned down: `legion train task=<it>
+robot=...` trains or fine-tunes on the calibrated simulator) and calibration.png
 (held-out windows: logged, nominal and calibrated joint positions and torques).
 
   params=           which to fit: kp_scale, kd_scale (the drivers' effective gains), coulomb_friction
