@@ -523,7 +523,7 @@ def test_the_bootstraps_gauss_newton_step_lands_where_a_converged_search_does(go
 
 def test_the_polish_after_the_search_walks_a_valley_to_its_floor(go2, tmp_path):
     """Coulomb and viscous friction trade against each other on a chirp (a search stopped with the
-    calves' at 0.377 and 0.102 N m for 0.40 and 0.08 on a worn Go2's logs): Levenberg-Marquardt
+    calves' at 0.377 N m and 0.102 N m s/rad for 0.40 and 0.08 on a worn Go2's logs): Levenberg-Marquardt
     steps from such a point, or from every value off, land on the truth (a hung Go2 at 85% kp,
     120% kd, 0.4 N m and 0.08 N m s/rad of friction, 10 ms of latency; 4 s of chirp). Measured:
     every value within 0.8% from both starts (the encoders' noise), the loss 6.4x and 76x lower,
