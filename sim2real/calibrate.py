@@ -696,10 +696,15 @@ TRAINING_EVENTS = {"kp_scale": "stiffness_scale", "kd_scale": "damping_scale", "
 
 def estimate_range(report: dict, name: str) -> tuple[float, float]:
     """The range training draws ``name`` from: centred on its estimate and as wide as its bootstrap
-    spread (a point where there was no bootstrap); the whole prior where the logs did not pin it down."""
+    spread (a point where there was no bootstrap); the whole prior where its loss profile is flat
+    (the logs say nothing of it). A value flagged only because its spread reaches too far to be
+    reported is still bounded by that spread: gear play's calves' viscous friction, 0.017
+    N m s/rad with an interval of 0-0.035, would otherwise draw up to the prior's 0.5, training on
+    twice the Go2's damping (and its centre of mass, 2 mm with an interval of 0.3-3.5 mm, over
+    +-8 cm)."""
     low, high = PARAMETERS[_base(name)]
     profile, value = report["profile"][name], report["estimates"][name]
-    if not profile["pinned"]:
+    if profile["rise"] < FLAT_RISE:
         return low, high
     half = max(value - profile["bootstrap"][0], profile["bootstrap"][1] - value, 0.0)
     return max(value - half, low), value + half

@@ -317,16 +317,42 @@ def test_a_fitted_jitter_widens_the_latency_training_draws_per_episode(go2, tmp_
     logs do not pin down spans its prior, 0-30 ms, and no further."""
     from legion.sim2real.calibrate import training_overlay
 
-    pinned, flat = {"pinned": True, "bootstrap": [11.0, 13.0]}, {"pinned": False, "bootstrap": [11.0, 13.0]}
+    pinned = {"pinned": True, "rise": 0.5, "bootstrap": [11.0, 13.0]}
+    flat = {"pinned": False, "rise": 0.01, "bootstrap": [11.0, 13.0]}
     for latency, jitter, expected in ((pinned, 3.0, [5.0, 19.0]), (pinned, 0.0, [11.0, 13.0]),
                                       (flat, 3.0, [0.0, 30.0])):
         report = {"log": "logs", "estimates": {"latency_ms": 12.0, "latency_jitter_ms": jitter},
-                  "profile": {"latency_ms": latency, "latency_jitter_ms": {"pinned": True, "bootstrap": [2.0, 4.0]}}}
+                  "profile": {"latency_ms": latency,
+                              "latency_jitter_ms": {"pinned": True, "rise": 0.5, "bootstrap": [2.0, 4.0]}}}
         task_file = tmp_path / f"task_jitter_{jitter:g}{'' if latency['pinned'] else '_flat'}.yaml"
         task_file.write_text(training_overlay(report, go2["meta"], None))
         assert compose(f"task={task_file}", "robot=go2").task.events["calibrated_latency"].range == expected
     steps = make_env(f"task={tmp_path / 'task_jitter_3.yaml'}", "robot=go2", "sim.num_envs=64").sim.command_latency
     assert steps.min() >= 1 and steps.max() <= 4 and steps.max() > steps.min()
+
+
+def test_a_value_flagged_for_its_spread_trains_over_that_spread_and_a_flat_one_over_its_prior(go2, tmp_path):
+    """Gear play's calves as fitted from 60 s of logs: viscous friction 0.017 N m s/rad, its interval
+    0.001-0.035 too wide to report (flagged) but the loss rising 6% at +-20% of its prior; it joins
+    the damping scale as 0-0.035 over the Go2's kd, not the prior's 0-0.5 (twice the damping). The
+    centre of mass likewise: 2 mm, flagged, drawn over 0.3-3.7 mm (its spread), not +-8 cm. A flat
+    profile (the loss rising 1%) says nothing: the whole prior."""
+    from legion.sim2real.calibrate import training_overlay
+
+    kd = go2["meta"].joint_damping[0]
+    assert set(go2["meta"].joint_damping) == {kd}  # one PD damping: the friction joins its scale
+    for rise, kd_range, com_range in ((0.06, [0.95, 1.05 + 0.035 / kd], [0.0003, 0.0037]),
+                                      (0.01, [0.95, 1.05 + 0.5 / kd], [-0.08, 0.08])):
+        flagged = {"pinned": False, "rise": rise}
+        report = {"log": "logs", "estimates": {"kd_scale": 1.0, "viscous_friction": 0.0175, "com_x_m": 0.002},
+                  "profile": {"kd_scale": {"pinned": True, "rise": 0.3, "bootstrap": [0.95, 1.05]},
+                              "viscous_friction": {**flagged, "bootstrap": [0.001, 0.035]},
+                              "com_x_m": {**flagged, "bootstrap": [0.0003, 0.0035]}}}
+        task_file = tmp_path / f"task_rise_{rise:g}.yaml"
+        task_file.write_text(training_overlay(report, go2["meta"], None))
+        events = compose(f"task={task_file}", "robot=go2").task.events
+        assert events["calibrated_kd_scale_all"].range == pytest.approx(kd_range, abs=1e-4)
+        assert events["calibrated_com_x"].range == pytest.approx(com_range, abs=1e-4)
 
 
 def test_calibrate_fits_gear_play_and_training_simulates_it(go2, tmp_path):

@@ -19,7 +19,7 @@ do not pin down (a flat loss, or a 95% interval reaching past +-20%), and the jo
 held-out windows, nominal against calibrated. Writes into out (default: the log folder)
 calibration.json, reality_calibrated.yaml (`legion sim2sim reality=<it>` runs the calibrated
 robot), task_calibrated.yaml (the run's task with its randomization centred on the estimates and
-as wide as their spread, the whole prior where not pinned down: `legion train task=<it>
+as wide as their spread, the whole prior where the loss is flat: `legion train task=<it>
 robot=...` trains or fine-tunes on the calibrated simulator) and calibration.png
 (held-out windows: logged, nominal and calibrated joint positions and torques).
 
