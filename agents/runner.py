@@ -258,18 +258,15 @@ class Runner:
 
     def init_from(self, path: str | Path) -> None:
         """Starts from the networks and observation normalizers of another run's checkpoint
-        (``agent.init_from``: cloning's, or PPO's to fine-tune), not its iteration, optimizer or RNG.
-        A PPO checkpoint keeps its action std: restarted at the initial 1.0 (about twice a trained
-        Go2's), a walking Go2 falls in 27% of its worlds within 10 s, 1% with its own. A cloned one
-        (bc, dagger, distillation) restarts at ``agent.actor.init_noise_std``: cloning never trains it."""
+        (``agent.init_from``, e.g. behaviour cloning's), not its iteration, optimizer or RNG; the
+        action std restarts at ``agent.actor.init_noise_std`` (cloning never trains it)."""
         checkpoint = load_checkpoint(path)
         try:
             load_weights(self.ppo, checkpoint["policy"])
         except (RuntimeError, KeyError) as e:
             raise CheckpointError(f"agent.init_from={path} does not fit this task/agent config: {e}") from e
-        if "imitation_optimizer" in checkpoint["policy"]:
-            with torch.no_grad():
-                action_std(self.ppo).fill_(self.cfg.actor.init_noise_std)
+        with torch.no_grad():
+            action_std(self.ppo).fill_(self.cfg.actor.init_noise_std)
 
     def _save_due(self, iteration: int) -> bool:
         """Every ``save_interval`` iterations, and every ``save_every_minutes`` minutes."""

@@ -588,9 +588,8 @@ class Agent:
     algorithm: Algorithm = field(default_factory=Algorithm)
     imitation: Imitation = field(default_factory=Imitation)
     symmetry: Symmetry = field(default_factory=Symmetry)
-    # a checkpoint whose networks and normalizers a new run starts from, not its iteration or
-    # optimizer: a PPO run's keeps its trained action std (a fine-tune), a bc/dagger/distillation
-    # run's restarts at agent.actor.init_noise_std (cloning never trains it)
+    # a checkpoint (e.g. of a bc or dagger run) whose networks and normalizers a new run starts
+    # from: not its iteration, optimizer or action std (agent.actor.init_noise_std)
     init_from: Optional[str] = None
 
 
