@@ -313,8 +313,8 @@ def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitati
 def test_a_fitted_jitter_widens_the_latency_training_draws_per_episode(go2, tmp_path):
     """A link fitted at 12 ms with 3 ms of jitter (the mean's 95% interval 11-13 ms): training draws
     each episode's latency over 11-13 ms widened by twice the jitter, 5-19 ms, in whole physics
-    steps of 5 ms (1 to 4); a robot that does not jitter keeps the mean's interval; a latency the
-    logs do not pin down spans its prior, 0-30 ms, and no further."""
+    steps of 5 ms (1 to 4); a robot that does not jitter keeps the mean's interval; a latency whose
+    loss is flat (the logs say nothing of it) spans its prior, 0-30 ms, and no further."""
     from legion.sim2real.calibrate import training_overlay
 
     pinned = {"pinned": True, "rise": 0.5, "bootstrap": [11.0, 13.0]}
