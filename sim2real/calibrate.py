@@ -699,7 +699,7 @@ def estimate_range(report: dict, name: str) -> tuple[float, float]:
     spread (a point where there was no bootstrap); the whole prior where its loss profile is flat
     (the logs say nothing of it). A value flagged only because its spread reaches too far to be
     reported is still bounded by that spread: gear play's calves' viscous friction, 0.017
-    N m s/rad with an interval of 0-0.035, would otherwise draw up to the prior's 0.5, training on
+    N m s/rad with an interval of 0.001-0.035, would otherwise draw up to the prior's 0.5, training on
     twice the Go2's damping (and its centre of mass, 2 mm with an interval of 0.3-3.5 mm, over
     +-8 cm)."""
     low, high = PARAMETERS[_base(name)]
