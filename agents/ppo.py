@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
@@ -406,8 +407,18 @@ def update_precision(cfg: Agent, device: str) -> str:
     return cfg.precision
 
 
+# oneDNN's instruction sets without bfloat16 products. ``ONEDNN_MAX_CPU_ISA`` set to one of them runs
+# this CPU as an older one (CI's second pass: an AVX2 machine), whose bfloat16 products would be
+# emulated, several times slower than fp32.
+ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
 def cpu_has_bfloat16() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AMX tiles or AVX512-BF16)."""
+    """Whether this CPU multiplies bfloat16 in hardware (AMX tiles or AVX512-BF16) and oneDNN may
+    use it (``ONEDNN_MAX_CPU_ISA``, or its older name ``DNNL_MAX_CPU_ISA``, does not cap it below)."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    if cap.upper() in ONEDNN_ISAS_WITHOUT_BF16:
+        return False
     return any(getattr(torch.cpu, name, lambda: False)() for name in ("_is_amx_tile_supported",
                                                                       "_is_avx512_bf16_supported"))
 

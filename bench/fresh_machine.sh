@@ -6,6 +6,7 @@
 #   bash bench/fresh_machine.sh                                   # torch's and MKL's own choice
 #   ATEN_CPU_CAPABILITY=avx2 bash bench/fresh_machine.sh          # torch's AVX2 kernels
 #   ATEN_CPU_CAPABILITY=default bash bench/fresh_machine.sh       # torch's kernels without vector units
+#   ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2,STRICT bash bench/fresh_machine.sh  # an AVX2 CPU
 #   OMP_NUM_THREADS=1 bash bench/fresh_machine.sh -m "learning or bit_exact"
 #   WARM=1 bash bench/fresh_machine.sh                            # reuse this checkout's Warp kernel cache
 #
@@ -37,6 +38,7 @@ import torch
 legion.set_process_env()
 print(f"[fresh] torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()} "
       f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')}), "
+      f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')}, "
       f"MKL_CBWR={os.environ['MKL_CBWR']}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset (the tests: 1 per worker)')}")
 EOF
 echo "[fresh] result:   $(grep -E '^=+ .*(passed|failed|error).* =+$' pytest.log | tail -1) (exit $code, $(( $(date +%s) - start )) s)"

@@ -82,9 +82,16 @@ def test_the_update_precision_is_bf16_only_where_it_pays_and_wrong_ones_are_refu
     def agent(*overrides):
         return compose(*SMALL, *overrides).agent
 
+    for cap in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(cap, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     assert update_precision(agent(), "cpu") == "bf16"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")  # this CPU run as an AVX2 one: no bf16 products
+    assert update_precision(agent(), "cpu") == "fp32"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # AMX capped off, AVX512-BF16 left
+    assert update_precision(agent(), "cpu") == "bf16"
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     assert update_precision(agent(), "cuda:0") == "fp32"
     assert update_precision(agent("agent.actor.rnn.type=lstm"), "cpu") == "fp32"
     assert update_precision(agent("agent.precision=fp32"), "cpu") == "fp32"

@@ -151,10 +151,10 @@ def test_legion_train_nproc_starts_torchrun_and_a_joblib_sweep_runs_in_parallel(
     assert run.returncode == 0, run.stderr[-3000:]
     assert "x 2 ranks (gloo)" in run.stdout and len(list(tmp_path.glob("runs/cartpole/*/model_2.pt"))) == 1
 
-    sweep = subprocess.run([sys.executable, "-m", "legion", "train", "-m", "hydra/launcher=joblib", "seed=0,1,2",
+    sweep = subprocess.run([sys.executable, "-m", "legion", "train", "-m", "hydra/launcher=joblib", "seed=0,1",
                             *tiny], cwd=tmp_path, env=environ(), capture_output=True, text=True, timeout=600)
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     assert "Joblib.Parallel" in sweep.stdout + sweep.stderr
     runs = sorted(Path(tmp_path, "runs", "multirun").glob("*/cartpole_*"))
-    assert [r.name for r in runs] == ["cartpole_0", "cartpole_1", "cartpole_2"]
+    assert [r.name for r in runs] == ["cartpole_0", "cartpole_1"]
     assert all((r / "model_2.pt").is_file() for r in runs)

@@ -14,7 +14,7 @@ import onnx
 import pytest
 import torch
 
-from conftest import ROOT, ctrl_c_inside_a_finalizer, export_untrained_run, lockstep_errors
+from conftest import ROOT, ctrl_c_inside_a_finalizer, export_untrained_run, legion_in_process, lockstep_errors
 
 LEGION = [sys.executable, "-m", "legion"]
 
@@ -762,12 +762,12 @@ def test_sim2sim_matched_physics_reproduces_newton(trained, tmp_path):
     end-to-end check of joint order, frames, gains, scales and timing."""
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
-    result = legion("sim2sim", f"run={run}", "duration_s=0.4", "commands=[[0.5,0,0],[0,0,0.5]]", "physics=matched",
-                    f"json={tmp_path / 'sim2sim.json'}", "robustness=true", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Newton (training engine)" in result.stdout and "MuJoCo C (edge runtime)" in result.stdout
-    assert "(+0.5, +0.0, +0.0)" in result.stdout and "latency p50" in result.stdout
-    assert "not restored" not in result.stderr  # the events sim2sim turns off are no config that changed
+    code, out, err = legion_in_process("sim2sim", f"run={run}", "duration_s=0.4", "commands=[[0.5,0,0],[0,0,0.5]]",
+                                       "physics=matched", f"json={tmp_path / 'sim2sim.json'}", "robustness=true")
+    assert code == 0, err[-3000:]
+    assert "Newton (training engine)" in out and "MuJoCo C (edge runtime)" in out
+    assert "(+0.5, +0.0, +0.0)" in out and "latency p50" in out
+    assert "not restored" not in err  # the events sim2sim turns off are no config that changed
     table = json.loads((tmp_path / "sim2sim.json").read_text())
     for newton, mujoco in zip(table["newton"], table["mujoco"]):
         assert newton["command"] == mujoco["command"] and newton["survived_s"] == pytest.approx(0.4)
@@ -779,14 +779,14 @@ def test_sim2sim_matched_physics_reproduces_newton(trained, tmp_path):
     from legion.sim2real.sim2sim import ROBUSTNESS
 
     assert list(table["robustness"]) == [c.name for c in ROBUSTNESS]
-    assert "latency 40 ms" in result.stdout and "combined" in result.stdout
+    assert "latency 40 ms" in out and "combined" in out
     assert table["robustness"]["nominal"]["vel_error_xy"] == pytest.approx(table["mean"]["mujoco"]["vel_error_xy"])
     assert table["robustness"]["latency 40 ms"]["vel_error_xy"] != table["robustness"]["nominal"]["vel_error_xy"]
     # ... and the push sweep: 2 commands x 8 directions x 2 magnitudes (half and all of the task's +-1 m/s) x 3 moments
     sweep = table["push_sweep"]
     assert len(sweep["pushes"]) == 96 and sweep["magnitudes"] == [0.5, 1.0] and sweep["trained_up_to"] == 1.0
-    assert "Pushes of 0.5, 1 m/s from 8 directions" in result.stdout
-    assert "beyond the training range" not in result.stdout
+    assert "Pushes of 0.5, 1 m/s from 8 directions" in out
+    assert "beyond the training range" not in out
     assert (run / "sim2sim_pushes.png").stat().st_size > 10_000
 
 
@@ -797,18 +797,19 @@ def test_sim2sim_says_when_the_runtime_clamps_what_training_did_not(trained, tmp
     (task.action.clamp_to_limits, task.action.max_target_rate), the runtime acts as training did."""
     run = tmp_path / "run"
     shutil.copytree(trained["run"], run)
-    free = legion("sim2sim", f"run={run}", "duration_s=0.2", "commands=[[0.5,0,0]]", "task.action.scale=20",
-                  f"json={tmp_path / 'free.json'}", cwd=tmp_path)
-    assert free.returncode == 0, free.stderr[-3000:]
+    code, out, err = legion_in_process("sim2sim", f"run={run}", "duration_s=0.2", "commands=[[0.5,0,0]]",
+                                       "task.action.scale=20", f"json={tmp_path / 'free.json'}")
+    assert code == 0, err[-3000:]
     loop = json.loads((tmp_path / "free.json").read_text())["loop"]
     assert loop["limit_clamped"] > 0.5 * loop["ticks"] and loop["rate_clamped"] > 0.5 * loop["ticks"]
-    assert "train (or fine-tune) with task.action.clamp_to_limits=true" in free.stdout
-    assert "train (or fine-tune) with task.action.max_target_rate=20" in free.stdout
-    assert "episodes in progress" not in free.stdout  # a policy loaded to run starts its own
-    clamped = legion("sim2sim", f"run={run}", "duration_s=0.2", "commands=[[0.5,0,0]]", "task.action.scale=20",
-                     "task.action.clamp_to_limits=true", "task.action.max_target_rate=20", "physics=matched",
-                     f"json={tmp_path / 'clamped.json'}", cwd=tmp_path)
-    assert clamped.returncode == 0, clamped.stderr[-3000:]
+    assert "train (or fine-tune) with task.action.clamp_to_limits=true" in out
+    assert "train (or fine-tune) with task.action.max_target_rate=20" in out
+    assert "episodes in progress" not in out  # a policy loaded to run starts its own
+    code, out, err = legion_in_process("sim2sim", f"run={run}", "duration_s=0.2", "commands=[[0.5,0,0]]",
+                                       "task.action.scale=20", "task.action.clamp_to_limits=true",
+                                       "task.action.max_target_rate=20", "physics=matched",
+                                       f"json={tmp_path / 'clamped.json'}")
+    assert code == 0, err[-3000:]
     table = json.loads((tmp_path / "clamped.json").read_text())
     assert table["notes"] == [] and table["loop"]["limit_clamped"] == 0 and table["loop"]["rate_clamped"] == 0
     newton, mujoco = table["mean"]["newton"], table["mean"]["mujoco"]
@@ -906,7 +907,6 @@ def test_the_velocity_estimator_is_exported_inside_the_policy_and_estimates_ther
 
 
 def test_a_malformed_push_sweep_is_refused_by_name(trained):
-    from conftest import legion_in_process
 
     for option, message in (("pushes=fast", "pushes=fast: expected a number"),
                             ("pushes=0.5,-1", "pushes=0.5,-1: give push magnitudes in m/s, positive"),
