@@ -1,13 +1,16 @@
 """PPO on rsl-rl's core: it learns cart-pole, its update's precision, and checkpoints restore everything
 exactly, on any device."""
 
+import os
 import re
+import signal
 import time
 
 import pytest
 import torch
 
 from conftest import compose, make_runner
+from legion import Interrupted
 from legion.agents.checkpoints import (
     CheckpointError,
     latest_checkpoint,
@@ -236,6 +239,40 @@ def test_corrupt_or_foreign_checkpoints_are_refused_clearly(tmp_path):
         load_checkpoint(foreign)
     with pytest.raises(CheckpointError, match="No checkpoint"):
         latest_checkpoint(tmp_path / "empty")
+
+
+@pytest.mark.bit_exact
+def test_a_run_stopped_mid_rollout_checkpoints_its_last_complete_iteration_and_resumes_as_if_never_stopped(tmp_path):
+    """Ctrl-C three env steps into the third rollout: the checkpoint the stop writes is iteration 2
+    as it ended (env, episodes, normalizers and random generators included, not iteration 2's
+    weights beside an env part way into iteration 3), and a run resumed from it goes on bit for bit
+    as one that never stopped."""
+    overrides = ("task=quadruped_flat", "sim.num_envs=8", "agent.num_steps_per_env=8", "agent.save_interval=100")
+    straight = make_runner(*overrides)
+    straight.learn(4)
+
+    stopped = make_runner(*overrides, log_dir=tmp_path)
+    step, steps = stopped.env.step, []
+
+    def step_then_ctrl_c(actions):
+        steps.append(1)
+        if len(steps) == 2 * 8 + 3:
+            os.kill(os.getpid(), signal.SIGINT)  # handled as a flag, seen at the next step
+        return step(actions)
+
+    stopped.env.step = step_then_ctrl_c
+    with pytest.raises(Interrupted):
+        stopped.learn(4)
+    assert stopped.iteration == 2 and [p.name for p in tmp_path.glob("model_*.pt")] == ["model_2.pt"]
+
+    resumed = make_runner(*overrides)
+    resumed.load(tmp_path / "model_2.pt")
+    resumed.learn(4)
+    for model in ("actor", "critic"):
+        a, b = getattr(straight.ppo, model).state_dict(), getattr(resumed.ppo, model).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    assert torch.equal(straight.env.sim.joint_q, resumed.env.sim.joint_q)
+    assert straight.history[-1]["mean_reward"] == resumed.history[-1]["mean_reward"]
 
 
 def test_a_checkpoint_changed_after_writing_fails_its_checksum_and_resume_falls_back(tmp_path):
