@@ -97,7 +97,8 @@ class Reality:
     name: str = "nominal"
     description: str = ""
     seed: int = 0  # its noise and jitter draws
-    physics_hz: Optional[float] = None  # its own physics rate (null: the export's)
+    physics_hz: Optional[float] = None  # its own physics rate (null: the export's, or finer where that
+    # does not divide the caller's step)
     latency_ms: Latency = field(default_factory=Latency)
     joints: dict[str, Joints] = field(default_factory=dict)
     base: Base = field(default_factory=Base)
@@ -109,6 +110,7 @@ class Reality:
 def load_reality(path: str | Path) -> Reality:
     """A reality file (or the name of one in ``configs/reality/``), checked: ValueError naming the
     file and the key for anything unknown or ill-typed."""
+    import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -121,21 +123,32 @@ def load_reality(path: str | Path) -> Reality:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Reality), OmegaConf.load(path))
         reality = OmegaConf.to_object(merged)
-    except (OmegaConfBaseException, ValueError, TypeError) as e:
-        message = str(e).split("\n")[0]
+    except (OmegaConfBaseException, ValueError, TypeError, yaml.YAMLError) as e:
+        message = " ".join(str(e).split())  # (a YAML syntax error's message spans lines)
         raise ValueError(f"reality={path}: {message} (the format: legion/sim2real/reality.py, Reality)") from None
     assert isinstance(reality, Reality)
-    problems = [f"latency_ms.{k}={v}: must be >= 0" for k, v in vars(reality.latency_ms).items() if v < 0]
+    problems = [f"{key}={value}: not a finite number" for key, value in _numbers(reality) if not math.isfinite(value)]
+    problems += [f"latency_ms.{k}={v}: must be >= 0" for k, v in vars(reality.latency_ms).items() if v < 0]
     if reality.physics_hz is not None and reality.physics_hz <= 0:
         problems.append(f"physics_hz={reality.physics_hz}: must be > 0")
+    if reality.foot_friction is not None and reality.foot_friction < 0:
+        problems.append(f"foot_friction={reality.foot_friction}: must be >= 0")
     for pattern, joints in reality.joints.items():
         try:
             re.compile(pattern)
         except re.error as e:
             problems.append(f"joints.{pattern}: not a regular expression ({e})")
-        for key in ("coulomb_friction", "viscous_friction", "backlash"):
-            if getattr(joints, key) < 0:
+        for key in ("coulomb_friction", "viscous_friction", "backlash", "armature", "kd_scale"):
+            if (getattr(joints, key) or 0.0) < 0:
                 problems.append(f"joints.{pattern}.{key}={getattr(joints, key)}: must be >= 0")
+        for key in ("kp_scale", "torque_limit"):  # a motor that pulls the wrong way or holds nothing
+            if getattr(joints, key) is not None and getattr(joints, key) <= 0:
+                problems.append(f"joints.{pattern}.{key}={getattr(joints, key)}: must be > 0")
+        if joints.torque_speed is not None and min(vars(joints.torque_speed).values()) <= 0:
+            problems.append(f"joints.{pattern}.torque_speed={vars(joints.torque_speed)}: both must be > 0")
+    noises = {**{f"imu.{k}": v for k, v in vars(reality.imu).items() if k.endswith("noise")},
+              **{f"encoders.{k}": v for k, v in vars(reality.encoders).items() if k.endswith("noise")}}
+    problems += [f"{key}={value}: must be >= 0" for key, value in noises.items() if value < 0]
     for key, vector in (("base.com_offset_m", reality.base.com_offset_m), ("imu.gyro_bias", reality.imu.gyro_bias),
                         ("imu.accel_bias", reality.imu.accel_bias)):
         if len(vector) != 3:
@@ -143,6 +156,18 @@ def load_reality(path: str | Path) -> Reality:
     if problems:
         raise ValueError(f"reality={path}: " + "; ".join(problems))
     return reality
+
+
+def _numbers(node, name: str = ""):
+    """(key, value) of every number in a reality, nested ones included (``base.com_offset_m[2]``)."""
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        yield name, float(node)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _numbers(value, f"{name}[{i}]")
+    elif isinstance(node, dict) or hasattr(node, "__dataclass_fields__"):
+        for key, value in (node if isinstance(node, dict) else vars(node)).items():
+            yield from _numbers(value, f"{name}.{key}" if name else key)
 
 
 class RealityRobot(MuJoCoRobot):
@@ -211,11 +236,15 @@ class RealityRobot(MuJoCoRobot):
         if reality.foot_friction is not None:
             self.set_floor_friction(reality.foot_friction)
         self.tick_s = tick_s or metadata.physics_dt
-        rate = reality.physics_hz or 1.0 / metadata.physics_dt
-        self.substeps = max(1, round(self.tick_s * rate))
-        if abs(self.substeps / rate - self.tick_s) > 1e-9:
-            raise ValueError(f"reality {reality.name}: physics_hz={rate:g} does not divide the caller's step of "
-                             f"{self.tick_s * 1e3:g} ms into whole steps")
+        if reality.physics_hz is None:
+            # The export's step where it divides the caller's; else (the bridge's 2 ms ticks against
+            # a 5 ms step) the fewest equal steps of the caller's tick no longer than the export's.
+            self.substeps = max(1, math.ceil(self.tick_s / metadata.physics_dt - 1e-9))
+        else:
+            self.substeps = max(1, round(self.tick_s * reality.physics_hz))
+            if abs(self.substeps / reality.physics_hz - self.tick_s) > 1e-9:
+                raise ValueError(f"reality {reality.name}: physics_hz={reality.physics_hz:g} does not divide the "
+                                 f"caller's step of {self.tick_s * 1e3:g} ms into whole steps")
         model.opt.timestep = self.tick_s / self.substeps
         self.rng = np.random.default_rng(reality.seed)
         self.reset()

@@ -65,6 +65,25 @@ def test_a_reality_the_robot_cannot_be_made_of_is_refused_naming_what_is_wrong(g
     with pytest.raises(ValueError, match=r"no such file, nor a shipped reality \(go2_backlash, go2_gear_play, "
                                          r"go2_payload"):
         load_reality("go2_on_ice")
+    with pytest.raises(ValueError, match=r"reality=.*: while parsing a flow mapping .* line 1"):
+        load_reality(_reality(tmp_path, "latency_ms: {mean: 8, jitter: 2"))
+    with pytest.raises(ValueError, match=r"latency_ms.mean=nan: not a finite number; base.added_mass_kg=inf: not a "
+                                         r"finite number; base.com_offset_m\[2\]=inf: not a finite number; "
+                                         r"joints..\*_calf_joint.kp_scale=-1.0: must be > 0; "
+                                         r"joints..\*_calf_joint.torque_speed=.*: both must be > 0; "
+                                         r"encoders.velocity_noise=-0.1: must be >= 0"):
+        load_reality(_reality(tmp_path, "latency_ms: {mean: .nan}\nbase: {added_mass_kg: .inf, com_offset_m: [0, 0, "
+                                        ".inf]}\njoints: {'.*_calf_joint': {kp_scale: -1, torque_speed: {saturation: "
+                                        "40, velocity_limit: 0}}}\nencoders: {velocity_noise: -0.1}"))
+
+
+def test_a_reality_without_its_own_rate_steps_a_tick_the_exports_step_does_not_divide(go2):
+    """The bridge ticks every 2 ms, the Go2's export steps every 5: a reality that names no rate of
+    its own steps the 2 ms tick whole, and a 20 ms tick in four of the export's 5 ms steps."""
+    assert go2["meta"].physics_dt == pytest.approx(0.005)
+    for tick_s, substeps in ((0.002, 1), (0.02, 4), (0.005, 1)):
+        robot = RealityRobot(go2["mjb"], go2["meta"], Reality(), tick_s=tick_s)
+        assert robot.substeps == substeps and robot.model.opt.timestep == pytest.approx(tick_s / substeps)
 
 
 def test_commands_act_after_their_latency_at_physics_step_resolution_with_its_jitter(go2):
