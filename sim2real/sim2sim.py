@@ -19,6 +19,7 @@ one function for both engines. Everything task-specific comes from the exported 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -569,7 +570,7 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
         model = trained_mujoco_model(env)
     options = physics_options(physics, settings.sim)
     if onnx is None:
-        out_dir, _ = export_run(run, steps=20, loaded=loaded)
+        out_dir, _ = export_run(run, steps=20, loaded=loaded, out_dir=export_folder(Path(run), loaded.checkpoint.name))
         onnx = out_dir / "policy.onnx"
     policy = OnnxPolicy(onnx)
     steps = int(round(min(duration_s, settings.task.episode_length_s) / env.step_dt))
@@ -589,6 +590,24 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
         push_steps = int(round(min(duration_s, 5.0, settings.task.episode_length_s) / env.step_dt))
         result["push_sweep"] = push_sweep(runtime, commands, push_steps, sweep)
     return result
+
+
+def export_folder(run: Path, checkpoint: str) -> Path:
+    """Where sim2sim exports ``checkpoint``: ``<run>/exported``, unless that holds the export of
+    another checkpoint (one ``legion export checkpoint=`` made for the robot, which is kept): then
+    ``<run>/sim2sim_exported``, and a note says so."""
+    exported = run / "exported"
+    if not (exported / "policy.json").is_file():
+        return exported
+    try:
+        kept = json.loads((exported / "policy.json").read_text()).get("checkpoint")
+    except (OSError, ValueError):
+        kept = None
+    if kept in (None, checkpoint):
+        return exported
+    print(f"[sim2sim] {exported} holds the export of {kept} (kept); {checkpoint} is exported to "
+          f"{run / 'sim2sim_exported'}", flush=True)
+    return run / "sim2sim_exported"
 
 
 def goal_reached(distance: np.ndarray, threshold: float, hold_steps: int) -> int | None:
@@ -641,7 +660,7 @@ def compare_goals(run: Path, checkpoint=None, onnx: Path | None = None, episodes
         raise ValueError(f"task {task.name}: sim2sim compares goal tasks with a position command and a success "
                          "condition (task.success with position_threshold), e.g. arm_lift.")
     if onnx is None:
-        out_dir, _ = export_run(run, steps=20, loaded=loaded)
+        out_dir, _ = export_run(run, steps=20, loaded=loaded, out_dir=export_folder(Path(run), loaded.checkpoint.name))
         onnx = out_dir / "policy.onnx"
     policy = OnnxPolicy(onnx)
     entity = command.body[0]  # the object the goal is for (its root pose starts each MuJoCo episode)

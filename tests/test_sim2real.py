@@ -816,6 +816,21 @@ def test_sim2sim_says_when_the_runtime_clamps_what_training_did_not(trained, tmp
     assert newton["vel_error_xy"] == pytest.approx(mujoco["vel_error_xy"], abs=1e-3)
 
 
+def test_sim2sim_keeps_an_export_of_another_checkpoint_and_exports_beside_it(tmp_path, capsys):
+    """A user's `legion export checkpoint=` of an earlier policy, kept for the robot: sim2sim of the
+    newest checkpoint leaves it as it was and exports into sim2sim_exported/ (and says so)."""
+    from legion.sim2real.sim2sim import export_folder
+
+    run = tmp_path / "run"
+    (run / "exported").mkdir(parents=True)
+    assert export_folder(run, "model_4.pt") == run / "exported"  # no export yet: <run>/exported
+    (run / "exported" / "policy.json").write_text(json.dumps({"checkpoint": "model_4.pt"}))
+    assert export_folder(run, "model_4.pt") == run / "exported"  # its own: exported again
+    (run / "exported" / "policy.json").write_text(json.dumps({"checkpoint": "model_3.pt"}))
+    assert export_folder(run, "model_4.pt") == run / "sim2sim_exported"
+    assert "exported holds the export of model_3.pt (kept); model_4.pt is exported to" in capsys.readouterr().out
+
+
 def test_sim2sim_perturbations_act_on_the_mujoco_robot(trained):
     """Each robustness condition changes what it names: a floor slipperier than the feet (MuJoCo
     would take the larger friction), targets that act one write late, noisy sensors, a heavier base."""

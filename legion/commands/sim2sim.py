@@ -11,8 +11,9 @@ HELP = """usage: legion sim2sim run=<run folder> [duration_s=10] [commands=JSON]
                       [reality=<yaml>] [robustness=true [pushes=0.5,1.0] [push_directions=8] [push_phases=3]]
                       [key=value ...]
 
-Exports the run's policy (as `legion export`, into <run>/exported/ unless onnx=PATH names an
-existing policy.onnx), then drives the robot with it in Newton and in plain MuJoCo (the edge
+Exports the run's policy (as `legion export`, into <run>/exported/, or <run>/sim2sim_exported/
+where exported/ holds another checkpoint's export; not with onnx=PATH naming an existing
+policy.onnx), then drives the robot with it in Newton and in plain MuJoCo (the edge
 runtime's control loop on the MuJoCo robot, loading the same robot MJCF plus a floor), one
 episode of duration_s per velocity command, and prints the metrics side by side: tracking
 error of (v_x, v_y) and yaw rate, falls, survival time, tracking return.
