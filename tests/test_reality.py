@@ -490,6 +490,11 @@ def test_legion_calibrate_refuses_logs_it_cannot_use_by_name(go2, tmp_path):
     assert code != 0 and "params=kp_scale,mass: choose from kp_scale, kd_scale" in err
     code, _, err = legion_in_process("calibrate", f"run={go2['run']}", f"log={logs}", "workers=0")
     assert code != 0 and "workers=0: give a number of processes, 1 or more (or auto)" in err
+    for bad, message in (("window_s=0", "window_s=0: must be > 0 s"), ("evaluations=0", "evaluations=0: must be >= 1"),
+                         ("bootstrap=-1", "bootstrap=-1: must be >= 0"),
+                         ("groups=calf:(", "groups=calf:(: '(' is not a regular expression")):
+        code, _, err = legion_in_process("calibrate", f"run={go2['run']}", f"log={logs}", bad)
+        assert code == 2 and message in err, err[-500:]
 
 
 def test_calibrate_fits_joint_groups_apart(go2, tmp_path):

@@ -73,6 +73,7 @@ with hung=false the logs must hold the base's state (a Unitree robot's sport-mod
 
 
 def run(args: list[str]) -> None:
+    import re
     from pathlib import Path
 
     from omegaconf import OmegaConf
@@ -95,7 +96,17 @@ def run(args: list[str]) -> None:
         name, _, pattern = item.partition(":")
         if not name or not pattern:
             raise UsageError(f"groups={o['groups']}: give NAME:REGEX pairs, comma-separated\n\n{HELP}")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise UsageError(f"groups={o['groups']}: {pattern!r} is not a regular expression ({e})") from None
         groups[name] = pattern
+    window_s, evaluations = number("window_s", o["window_s"], float), number("evaluations", o["evaluations"])
+    bootstrap = number("bootstrap", o["bootstrap"])
+    for key, bad, rule in (("window_s", not window_s > 0, "> 0 s"), ("evaluations", evaluations < 1, ">= 1"),
+                           ("bootstrap", bootstrap < 0, ">= 0")):
+        if bad:
+            raise UsageError(f"{key}={o[key]}: must be {rule}\n\n{HELP}")
     exported = next((f for f in (Path(run), Path(run) / "exported") if (f / "robot.mjb").is_file()), None)
     if exported is None:
         raise UsageError(f"run={run}: no robot.mjb there nor in its exported/ (run `legion export run={run}`)")
@@ -105,8 +116,7 @@ def run(args: list[str]) -> None:
     config = next((f / "config.yaml" for f in (Path(run), exported.parent) if (f / "config.yaml").is_file()), None)
     task = OmegaConf.to_container(OmegaConf.load(config).task) if config else None
     calibrate(o["log"].split(","), exported, [p for p in o["params"].split(",") if p],
-              number("window_s", o["window_s"], float), number("evaluations", o["evaluations"]),
-              number("bootstrap", o["bootstrap"]), seed=number("seed", o["seed"]), out_dir=o["out"],
+              window_s, evaluations, bootstrap, seed=number("seed", o["seed"]), out_dir=o["out"],
               groups=groups or None, hung=[flag("hung", value) for value in o["hung"].split(",")],
               actuator_network=flag("actuator_network", o["actuator_network"]),
               workers=workers, say=lambda line: print(line, flush=True), task=task)  # pyright: ignore[reportArgumentType]
