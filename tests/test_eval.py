@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, SMALL_TERRAIN, compose
+from conftest import ROOT, SMALL_TERRAIN, compose, legion_in_process
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +94,9 @@ def test_legion_eval_prints_a_table_and_writes_json_and_a_plot_beside_the_run(st
     bad = subprocess.run([sys.executable, "-m", "legion", "eval", f"run={still_run}", "randomization=maybe"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2 and "randomization=maybe: choose trained or off" in bad.stderr
+    (tmp_path / "a_file").write_text("")
+    code, _, err = legion_in_process("eval", f"run={still_run}", f"out={tmp_path / 'a_file' / 'eval'}")
+    assert code == 2 and "a_file/eval: cannot make that folder (Not a directory)" in err  # before evaluating
     result = subprocess.run([sys.executable, "-m", "legion", "eval", f"run={still_run}", "envs=1", "duration_s=1",
                              "settle_s=0.5", 'commands={"sprint": [3.0, 0.0, 0.0], "still": [0, 0, 0]}'],
                             capture_output=True, text=True, env=env, timeout=600)

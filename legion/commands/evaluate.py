@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 from legion.commands import UsageError, number, run_args
 
@@ -78,6 +80,14 @@ def run(args: list[str]) -> None:
                                 settle_s=number("settle_s", options["settle_s"], float),
                                 episodes=number("episodes", options["episodes"]),
                                 randomization=options["randomization"])
+    out = Path(options["out"]) if options["out"] else Path(run) / "eval"
+    if options["out"]:  # a folder it cannot write is refused now, not after the evaluation
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"out={out}: cannot make that folder ({e.strerror})") from None
+        if not os.access(out, os.W_OK):
+            raise UsageError(f"out={out}: not writable")
     loaded = evaluation.load(run, chosen, options["checkpoint"], overrides)
     if loaded.cfg.task.command is not None and loaded.cfg.task.command.type in evaluation.GOAL_COMMANDS:
         what = f"{chosen.episodes} episodes on {chosen.envs_per_command} envs"
@@ -87,5 +97,5 @@ def run(args: list[str]) -> None:
           f"{chosen.randomization}", flush=True)
     report = evaluation.measure(loaded, chosen)
     print(evaluation.table(report))
-    written = evaluation.write(report, options["out"] or run / "eval")
+    written = evaluation.write(report, out)
     print(f"[legion] wrote {', '.join(str(p) for p in written)}")
