@@ -178,6 +178,19 @@ def test_a_robot_without_actuators_is_told(out):
     validated(cartpole.yaml)
 
 
+def test_a_robot_whose_mesh_files_are_missing_is_told_it_has_no_colliders(tmp_path):
+    urdf = tmp_path / "meshless.urdf"
+    urdf.write_text("""<robot name="meshless">
+  <link name="base"><inertial><mass value="2"/><inertia ixx="0.1" iyy="0.1" izz="0.1" ixy="0" ixz="0" iyz="0"/>
+    </inertial><collision><geometry><mesh filename="meshes/missing.stl"/></geometry></collision></link>
+</robot>""")
+    result = inspect_robot(str(urdf), robot=Robot(file=str(urdf), floating_base=True))
+    assert result.shapes == []
+    assert result.warnings[0].startswith("1 mesh files not found, their shapes left out (") and \
+        "missing.stl" in result.warnings[0]
+    assert result.warnings[1].startswith("no collision shapes: the robot falls through the ground")
+
+
 def test_broken_and_missing_files_fail_with_one_line(tmp_path):
     broken = tmp_path / "broken.urdf"
     broken.write_text('<robot name="r">\n  <link name="base">\n    <inertial><mass value="1"/>')  # truncated

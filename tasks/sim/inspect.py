@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import warnings as python_warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -177,7 +178,13 @@ def inspect_robot(file: str | None, out: Path | str | None = None, robot: RobotC
 
     builder = newton.ModelBuilder()
     newton.solvers.SolverMuJoCo.register_custom_attributes(builder)  # the MJCF attributes the solver reads
-    add_robot(builder, cfg, newton)
+    with python_warnings.catch_warnings(record=True) as caught:  # Newton warns of each mesh file it cannot find
+        python_warnings.simplefilter("always")
+        add_robot(builder, cfg, newton)
+    missing = [str(w.message) for w in caught if "does not exist" in str(w.message)]
+    for w in caught:
+        if str(w.message) not in missing:
+            python_warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     joints, fixed, unsupported = _joints(builder, cfg, newton)
     collides = int(newton.ShapeFlags.COLLIDE_SHAPES)
     bodies = [Body(short_label(builder.body_label[b]), float(builder.body_mass[b]),
@@ -196,7 +203,7 @@ def inspect_robot(file: str | None, out: Path | str | None = None, robot: RobotC
         result.image = image
     except Exception as e:  # the tables and the YAML are still worth having: say what is missing and why
         result.warnings.append(f"no picture and no root height: {type(e).__name__}: {_one_line(e)}")
-    result.warnings += _warnings(result, unsupported, cfg.root_height)
+    result.warnings += _warnings(result, unsupported, cfg.root_height, missing)
     if yaml_path is not None:
         assert out is not None
         out.mkdir(parents=True, exist_ok=True)
@@ -422,9 +429,17 @@ def _bounds(m, d, geoms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 # --- what will not train -------------------------------------------------------------------------
-def _warnings(result: Inspection, unsupported: list[str], root_height: float | None) -> list[str]:
-    """One line per problem: what, and what to put in the robot YAML (``root_height``: the config's)."""
+def _warnings(result: Inspection, unsupported: list[str], root_height: float | None,
+              missing_files: list[str]) -> list[str]:
+    """One line per problem: what, and what to put in the robot YAML (``root_height``: the config's;
+    ``missing_files``: Newton's warnings of mesh files it did not find)."""
     warnings = []
+    if missing_files:
+        warnings.append(f"{len(missing_files)} mesh files not found, their shapes left out ({_names(missing_files)}): "
+                        "fix the paths in the file.")
+    if not result.shapes and result.floating_base:
+        warnings.append("no collision shapes: the robot falls through the ground; give its links collision "
+                        "geometry in the file.")
     touching = result.root_height
     if result.floating_base and root_height is not None and touching is not None and root_height < touching - 0.005:
         depth = 100 * (touching - root_height)
