@@ -752,6 +752,9 @@ def test_cli_help_and_bad_run(tmp_path):
         assert result.returncode == 0 and f"legion {command} run=<run folder>" in result.stdout
     bad = legion("export", f"run={tmp_path}", cwd=tmp_path)
     assert bad.returncode != 0 and "is not a run folder (no config.yaml)" in bad.stderr
+    (tmp_path / "policy.onnx").write_text("")
+    code, _, err = legion_in_process("export", f"run={tmp_path}", f"out={tmp_path / 'policy.onnx'}")
+    assert code == 2 and "policy.onnx is a file: give a folder" in err
     top = legion("--help", cwd=tmp_path)
     assert "export" in top.stdout and "sim2sim" in top.stdout
 

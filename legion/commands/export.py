@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from legion.commands import number, run_args
+import os
+
+from legion.commands import UsageError, number, run_args
 
 HELP = """usage: legion export run=<run folder> [checkpoint=PATH] [out=DIR] [steps=N] [key=value ...]
 
@@ -26,6 +28,10 @@ def run(args: list[str]) -> None:
         print(HELP)
         return
     run, options, overrides = run_args(args, HELP, {"checkpoint": None, "out": None, "steps": "50"})
+    out = options["out"]
+    if out and os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"out={out} is a file: give a folder (the export writes policy.onnx, policy.json and more "
+                         "into it)")
     out_dir, report = export_run(run, options["checkpoint"], options["out"], number("steps", options["steps"]),
                                  overrides)
     print(summary(run, out_dir, report))
