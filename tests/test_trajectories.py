@@ -188,6 +188,19 @@ def test_truncated_corrupt_or_unfinished_files_are_refused_by_name(cartpole, tmp
     with pytest.raises(TrajectoryFileError, match="not a legion trajectory file"):
         TrajectoryFile(other)
 
+    # A damaged object header: h5py raises RuntimeError (Object visitation failed), not OSError.
+    damaged = tmp_path / "damaged.h5"
+    shutil.copy(cartpole["file"], damaged)
+    with h5py.File(damaged, "r") as f:
+        header = h5py.h5o.get_info(f["data/demo_1/obs"].id).addr
+    with open(damaged, "r+b") as f:
+        f.seek(header)
+        f.write(b"\xff" * 8)
+    with pytest.raises(TrajectoryFileError, match="damaged.h5 is corrupt: .*bad object header.* Record or convert it"):
+        TrajectoryFile(damaged)
+    code, _, err = legion_in_process("replay", str(damaged))
+    assert code == 2 and "damaged.h5 is corrupt" in err and "Traceback" not in err, err[-3000:]
+
 
 def test_a_recording_of_another_robot_model_is_refused(cartpole, tmp_path):
     from legion.sim2real.trajectories import TrajectoryFileError
@@ -212,6 +225,11 @@ def test_existing_outputs_are_never_overwritten_silently(cartpole, tmp_path):
     assert cartpole["file"].read_bytes() == before
     with pytest.raises(TrajectoryFileError, match="exists; choose another out="):
         TrajectoryWriter(cartpole["file"], {"source": "sim", "config": ""})
+    kept = tmp_path / "kept"  # a folder is no trajectory file, overwrite or not: refused before recording
+    (kept / "mine").mkdir(parents=True)
+    code, _, err = legion_in_process("record", f"run={cartpole['run']}", "episodes=1", f"out={kept}", "overwrite=true")
+    assert code == 2 and "kept is a folder, not a trajectory file" in err and "Traceback" not in err, err[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"] and (kept / "mine").is_dir()
     folder = tmp_path / "dataset"
     folder.mkdir()
     (folder / "notes.txt").write_text("mine")
@@ -296,9 +314,8 @@ def test_a_robot_log_replays_in_newton_joint_by_joint(quadruped, tmp_path):
     assert log0["joint_pos"].shape == (20, 12) and log0["targets"].shape == (20, 12) and log0["obs"].shape == (20, 48)
     assert set(log0["mode"].tolist()) == {MODES.index("policy")} and np.isfinite(log0["targets"]).all()
     assert json.loads(str(log0["meta"]))["joint_names"] == runner.joint_names
-    with pytest.raises(FileExistsError, match="episode_000000.npz exists"):
-        with TrajectoryLog(logs, runner) as again:
-            ControlLoop(robot, runner, now=robot.time, realtime=False, logger=again).run(1)
+    with pytest.raises(ValueError, match="already holds a log"):
+        TrajectoryLog(logs, runner)
 
     converted = convert_robot_log(logs, run, tmp_path / "robot.h5")
     result = replay(converted)
@@ -317,6 +334,26 @@ def test_a_robot_log_replays_in_newton_joint_by_joint(quadruped, tmp_path):
     other = make_run(tmp_path / "other", "task=quadruped_flat", "seed=3")
     with pytest.raises(TrajectoryFileError, match="recorded with a policy exported from another run"):
         convert_robot_log(logs, other, tmp_path / "other.h5")
+
+
+def test_a_log_folder_that_holds_a_log_or_is_a_file_is_refused_before_logging(tmp_path):
+    """Refused by the constructor, before a robot runs; at the first episode's end a whole session
+    would be lost."""
+    from types import SimpleNamespace
+
+    from legion.sim2real.deploy import TrajectoryLog
+
+    policy = tmp_path / "policy.onnx"
+    policy.write_bytes(b"onnx")
+    runner = SimpleNamespace(policy=SimpleNamespace(path=policy))
+    (tmp_path / "walk").mkdir()
+    (tmp_path / "walk" / "episode_000000.npz").write_bytes(b"an earlier session")
+    with pytest.raises(ValueError, match="walk already holds a log \\(episode_\\*.npz\\): log into an empty or new"):
+        TrajectoryLog(tmp_path / "walk", runner)
+    with pytest.raises(ValueError, match="policy.onnx is a file, not a folder: log into an empty or new folder"):
+        TrajectoryLog(policy, runner)
+    TrajectoryLog(tmp_path / "walk", runner, overwrite=True)  # replacing it, when asked
+    assert TrajectoryLog(tmp_path / "new" / "walk", runner).folder.is_dir()
 
 
 # --- video and plots ------------------------------------------------------------------------------------

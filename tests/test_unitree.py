@@ -16,7 +16,7 @@ import cyclonedds.idl as idl
 import numpy as np
 import pytest
 
-from conftest import ctrl_c_inside_a_finalizer, export_untrained_run
+from conftest import ctrl_c_inside_a_finalizer, export_untrained_run, legion_in_process
 from legion.sim2real.deploy import ControlLoop, PolicyRunner, StateError
 from legion.sim2real.deploy import unitree as u
 from legion.tasks.sim import resolve_asset
@@ -240,6 +240,17 @@ def test_legion_deploy_against_the_bridge_status_log_and_ctrl_c_damps(bridge, go
     torque = episode["joint_torque"]  # (NaN rows: ticks after the stop, where no state was read)
     assert torque.shape == episode["joint_pos"].shape and np.nanmax(np.abs(torque)) > 1
     assert 5 < np.nanmedian(np.linalg.norm(episode["base_accel"], axis=1)) < 15  # gravity's 9.81, standing/walking
+
+
+def test_legion_deploy_into_a_log_folder_that_holds_a_log_is_refused_before_it_reaches_the_robot(go2_export, tmp_path):
+    (tmp_path / "walk").mkdir()
+    (tmp_path / "walk" / "episode_000000.npz").write_bytes(b"an earlier session")
+    # No robot on this domain: reaching for one would wait 2 s and fail on the missing rt/lowstate instead.
+    code, out, err = legion_in_process("deploy", f"run={go2_export}", "robot=go2", f"domain={DOMAIN + 40}",
+                                       "interface=lo", "confirm=false", f"log={tmp_path / 'walk'}")
+    assert code == 2 and "walk already holds a log (episode_*.npz): log into an empty or new folder" in err, err
+    assert "Traceback" not in err and "overwrite" not in err and "[deploy]" not in out, (out, err)
+    assert (tmp_path / "walk" / "episode_000000.npz").read_bytes() == b"an earlier session"
 
 
 def test_ctrl_c_inside_a_finalizer_stops_deploy_and_the_bridge(bridge, go2_export):

@@ -45,14 +45,19 @@ class TrajectoryLog:
         folder: where ``episode_<k>.npz`` files go (created if missing).
         runner: the :class:`~legion.sim2real.deploy.PolicyRunner` the loop runs (its metadata and
             last observation/action are logged).
-        overwrite: replace episode files already in ``folder``; by default an existing
-            ``episode_<k>.npz`` is an error, never silently replaced.
+        overwrite: replace episode files already in ``folder``; by default a ``folder`` that holds
+            any ``episode_<k>.npz`` is refused here (ValueError), never silently replaced.
 
     Memory: one episode's rows; each episode is written and dropped at :meth:`end_episode`.
     """
 
     def __init__(self, folder: str | Path, runner, overwrite: bool = False):
         self.folder, self.runner, self.overwrite = Path(folder), runner, overwrite
+        # Checked now, before a robot moves: at end_episode the session it would lose has been run.
+        if self.folder.exists() and not self.folder.is_dir():
+            raise ValueError(f"{self.folder} is a file, not a folder: log into an empty or new folder.")
+        if not overwrite and any(self.folder.glob("episode_*.npz")):
+            raise ValueError(f"{self.folder} already holds a log (episode_*.npz): log into an empty or new folder.")
         self.folder.mkdir(parents=True, exist_ok=True)
         self.episodes = 0
         self._rows: list[dict] = []
@@ -83,8 +88,9 @@ class TrajectoryLog:
         if not self._rows:
             return None
         path = self.folder / f"episode_{self.episodes:06d}.npz"
-        if path.exists() and not self.overwrite:
-            raise FileExistsError(f"{path} exists: log into an empty folder, or pass overwrite=True to replace it.")
+        if path.exists() and not self.overwrite:  # written since the constructor checked: by another log?
+            raise FileExistsError(f"{path} appeared while logging (another log writing into {self.folder}?): "
+                                  "log into an empty or new folder.")
         keys = list(dict.fromkeys(k for row in self._rows for k in row))
         arrays = {key: _stack([row.get(key) for row in self._rows]) for key in keys}
         arrays["mode"] = arrays["mode"].astype(np.int8)

@@ -692,7 +692,8 @@ def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = 
     ``excite`` (an :class:`~legion.sim2real.deploy.excite.Excitation`): an identification routine
     runs between (3) and (4), through the same loop and safety layer (``duration_s=0``: instead of
     the policy). ``log_dir``: each of those phases as a :class:`~legion.sim2real.deploy.TrajectoryLog`
-    episode. Returns the loop's statistics, ``stopped`` (why, or None) and the log files.
+    episode (a folder that already holds a log is refused before anything is sent). Returns the
+    loop's statistics, ``stopped`` (why, or None) and the log files.
     """
     import select
     import sys
@@ -706,6 +707,8 @@ def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = 
         raise ValueError("confirm=true waits for Enter at a terminal, and stdin is none: run it in a terminal, or "
                          "pass confirm=false (no prompts: a simulated robot, a scripted run)")
     runner = PolicyRunner(Path(folder) / "policy.onnx")
+    # Made before the robot is reached: a log folder it refuses (one holding a log) costs no session.
+    log = TrajectoryLog(log_dir, runner) if log_dir else None
     unitree = UnitreeRobot(robot, runner, domain, interface)
     safety = safety or SafetyConfig()
     dt, default = runner.control_dt, np.asarray(runner.metadata.default_joint_pos, np.float32)
@@ -753,7 +756,7 @@ def deploy(folder, robot: str = "go2", domain: int = 0, interface: str | None = 
                   until_enter=False)
             say("[deploy] holding the default pose" + (": press Enter to start the policy" if confirm else ""))
             paced(hold_s, lambda t: unitree.write_targets(default), until_enter=confirm)
-            with TrajectoryLog(log_dir, runner) if log_dir else nullcontext() as log:
+            with log if log is not None else nullcontext():
 
                 def phase(acting, ticks: int | None, label: str) -> str | None:
                     """``acting`` (the policy, or an excitation) in the control loop for ``ticks`` (None: until

@@ -51,8 +51,12 @@ def sha256_file(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def refuse_existing(path: Path, overwrite: bool, option: str = "out") -> None:
-    """An existing output is an error unless ``overwrite``: nothing is replaced silently."""
+def refuse_existing(path: Path, overwrite: bool, option: str = "out", file: bool = False) -> None:
+    """An existing output is an error unless ``overwrite``: nothing is replaced silently. A ``file``
+    output that is a folder is an error either way: a file cannot replace it."""
+    if file and path.is_dir():
+        raise TrajectoryFileError(f"{path} is a folder, not a trajectory file: name the file to write "
+                                  f"(e.g. {path / 'demos.h5'}).")
     if path.exists() and not overwrite:
         raise TrajectoryFileError(f"{path} exists; choose another {option}= or pass overwrite=true to replace it.")
 
@@ -71,7 +75,7 @@ class TrajectoryWriter:
 
     def __init__(self, path: str | Path, attrs: dict, overwrite: bool = False):
         self.path = Path(path)
-        refuse_existing(self.path, overwrite)
+        refuse_existing(self.path, overwrite, file=True)
         if attrs.get("source") not in SOURCES or "config" not in attrs:
             raise ValueError(f"a trajectory file needs attrs source (one of {SOURCES}) and config")
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,7 +173,9 @@ class TrajectoryFile:
         except TrajectoryFileError:
             self.file.close()
             raise
-        except (OSError, KeyError, ValueError) as e:  # HDF5 metadata damaged past the superblock
+        # HDF5 metadata damaged past the superblock: h5py raises RuntimeError where a group's header or
+        # B-tree is damaged, TypeError for a damaged attribute's type
+        except (OSError, KeyError, ValueError, RuntimeError, TypeError) as e:
             self.file.close()
             raise TrajectoryFileError(f"{path} is corrupt: {e}. {fix}") from None
 
@@ -200,7 +206,7 @@ class TrajectoryFile:
             assert isinstance(dataset, h5py.Dataset)  # _datasets lists datasets only
             try:
                 data[key] = dataset[()]
-            except OSError as e:
+            except (OSError, ValueError) as e:  # a chunk that fails its checksum; a damaged datatype
                 raise TrajectoryFileError(f"{self.path}: data/{name}/{key} cannot be read ({e}): the file is "
                                           "corrupt. Record or convert it again.") from None
         return Episode(data, {key: _decode(value) for key, value in group.attrs.items()})
@@ -227,6 +233,9 @@ def config_of(attrs: dict):
 def _datasets(group) -> list[str]:
     names = []
     group.visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
+    damaged = [name for name in names if not isinstance(name, str)]  # h5py gives bytes for a name not UTF-8
+    if damaged:
+        raise ValueError(f"dataset names that are not UTF-8: {damaged}")
     return names
 
 

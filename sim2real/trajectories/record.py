@@ -262,7 +262,7 @@ def record_run(run: Path, episodes: int, out: Path | None = None, video_dir: Pat
     from legion.api import load_run
 
     if out is not None:
-        refuse_existing(Path(out), overwrite)
+        refuse_existing(Path(out), overwrite, file=True)
     if video_dir is not None and Path(video_dir).exists() and any(Path(video_dir).iterdir()) and not overwrite:
         refuse_existing(Path(video_dir), overwrite, "video folder")
     loaded = loaded or load_run(run, checkpoint, overrides, num_envs=min(episodes, 16))
@@ -326,7 +326,7 @@ def record_scripted(spec: str, episodes: int, out: Path | None, video_dir: Path 
     from legion.configs import compose
 
     if out is not None:
-        refuse_existing(Path(out), overwrite)
+        refuse_existing(Path(out), overwrite, file=True)
     if not any(o.startswith("sim.num_envs=") for o in overrides):
         overrides = (*overrides, f"sim.num_envs={min(episodes, 16)}")
     cfg = compose(*overrides)
@@ -469,7 +469,7 @@ def convert_robot_log(logs: Path, run: Path, out: Path, overwrite: bool = False)
     from legion.tasks.sim import resolve_asset
 
     logs, out = Path(logs), Path(out)
-    refuse_existing(out, overwrite)
+    refuse_existing(out, overwrite, file=True)
     files = sorted(logs.glob("episode_*.npz")) if logs.is_dir() else [logs]
     if not files or not all(f.is_file() for f in files):
         raise TrajectoryFileError(f"{logs}: no robot log (episode_*.npz from legion.sim2real.deploy.TrajectoryLog).")
