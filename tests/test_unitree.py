@@ -197,6 +197,14 @@ def test_a_lowcmd_with_a_bad_crc_is_dropped_by_the_bridge(bridge):
     assert bridge.bad_crc > 0 and bridge.last_command is None and bridge.hold  # never applied
 
 
+def test_a_network_interface_or_domain_dds_cannot_use_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"domain=999: a DDS domain id is 0-232"):
+        u.participant(999, "lo")
+    with pytest.raises(ValueError, match=r"DDS domain 7 on interface=nosuch0 could not start .* the network "
+                                         r"interfaces here: .*\blo\b"):
+        u.participant(7, "nosuch0")
+
+
 def test_a_go2_policy_on_a_g1_is_refused_at_start_naming_the_joints(go2_export):
     runner = PolicyRunner(go2_export / "policy.onnx")
     with pytest.raises(ValueError, match=r"no g1 motor drives \['FL_hip_joint'.*undriven"):

@@ -35,6 +35,7 @@ What :class:`UnitreeRobot` does:
 """
 
 import functools
+import socket
 import struct
 import threading
 import time
@@ -48,7 +49,7 @@ import cyclonedds.idl as idl
 import cyclonedds.idl.annotations as annotate
 import cyclonedds.idl.types as types
 import numpy as np
-from cyclonedds.core import InstanceState, ReadCondition, SampleState, ViewState, WaitSet
+from cyclonedds.core import DDSException, InstanceState, ReadCondition, SampleState, ViewState, WaitSet
 from cyclonedds.domain import Domain, DomainParticipant
 from cyclonedds.idl import _machinery
 from cyclonedds.internal import InvalidSample
@@ -506,8 +507,15 @@ _DOMAINS: dict[int, tuple[Domain, str | None]] = {}  # CycloneDDS configures a d
 
 def participant(domain: int, interface: str | None) -> DomainParticipant:
     """A DDS participant on ``domain`` and ``interface``; one process uses one interface per domain."""
+    if not 0 <= domain <= 232:  # DDS's port mapping: 7400 + 250 domain must stay a valid UDP port
+        raise ValueError(f"domain={domain}: a DDS domain id is 0-232 (Unitree robots use 0)")
     if domain not in _DOMAINS:
-        _DOMAINS[domain] = (Domain(domain, dds_config(interface)), interface)
+        try:
+            _DOMAINS[domain] = (Domain(domain, dds_config(interface)), interface)
+        except DDSException as e:  # CycloneDDS printed why (e.g. "nosuch0: does not match an available interface")
+            interfaces = ", ".join(sorted(name for _, name in socket.if_nameindex()))
+            raise ValueError(f"DDS domain {domain} on interface={interface or 'auto'} could not start ({e}); the "
+                             f"network interfaces here: {interfaces}") from None
     elif _DOMAINS[domain][1] != interface:
         raise ValueError(f"DDS domain {domain} is already on interface {_DOMAINS[domain][1] or 'auto'} in this "
                          f"process; it cannot also use {interface or 'auto'}")
