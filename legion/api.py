@@ -251,6 +251,19 @@ def with_policy(run: str | Path, cfg: schema.Train, env: LegionEnv, checkpoint: 
     return LoadedRun(Path(run), cfg, env, runner, Path(checkpoint))
 
 
+def checkpoint_in(run: str | Path, checkpoint: str | Path) -> Path:
+    """``checkpoint=``: the file as given where it exists, else that name in the run folder
+    (``checkpoint=model_6.pt``, whatever the working directory)."""
+    path = Path(checkpoint)
+    if not path.is_file() and (Path(run) / path).is_file():
+        path = Path(run) / path
+    if not path.is_file():
+        found = sorted(p.name for p in Path(run).glob("model_*.pt"))
+        raise RunError(f"checkpoint={checkpoint}: no such file, here or in {run}. Checkpoints of this run: "
+                       f"{found or 'none'}")
+    return path
+
+
 def load_run(run: str | Path, checkpoint: str | Path | None = None, overrides=(), num_envs: int = 16) -> LoadedRun:
     """A run's env and its trained policy from a checkpoint (default: its newest good one).
 
@@ -276,10 +289,7 @@ def load_run(run: str | Path, checkpoint: str | Path | None = None, overrides=()
     validate(cfg)
     try:
         if checkpoint:
-            path = Path(checkpoint)
-            if not path.is_file():
-                found = sorted(p.name for p in run.glob("model_*.pt"))
-                raise RunError(f"{path} does not exist. Checkpoints of this run: {found or 'none'}")
+            path = checkpoint_in(run, checkpoint)
             contents = load_checkpoint(path)
         else:
             path, contents = latest_good_checkpoint(run)

@@ -57,8 +57,8 @@ def main() -> None:
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
         fail(command, f"unknown command.\n\n{usage()}")
-    module = importlib.import_module(f"legion.commands.{COMMANDS[command]}")
-    guarded(command, module.run, rest)
+    # (importing a command imports torch and the like: seconds, which Ctrl-C may cut short)
+    guarded(command, lambda: importlib.import_module(f"legion.commands.{COMMANDS[command]}").run(rest))
 
 
 if __name__ == "__main__":

@@ -165,17 +165,61 @@ def test_a_run_whose_env_fails_to_build_leaves_no_run_folder(tmp_path, monkeypat
     assert not list(tmp_path.glob("runs/*/*"))  # a run that never started leaves no folder behind
 
 
-def test_resume_from_a_chosen_checkpoint(tmp_path):
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory) -> Path:
+    """A 3-iteration cartpole run with a checkpoint at each iteration."""
     from legion.commands.train import train
 
-    run = tmp_path / "run"
+    run = tmp_path_factory.mktemp("cli") / "run"
     train(compose("task=cartpole", "sim.num_envs=16", "agent.num_steps_per_env=8", "agent.save_interval=1",
-                       "agent.max_iterations=3"), run)
-    code, out, err = legion_in_process("train", f"resume={run}", f"checkpoint={run / 'model_1.pt'}",
-                                       "agent.max_iterations=2")
+                  "agent.max_iterations=3"), run)
+    return run
+
+
+def test_resume_from_a_chosen_checkpoint(cartpole_run, tmp_path, monkeypatch):
+    run = cartpole_run
+    monkeypatch.chdir(tmp_path)  # checkpoint=<name>: in the run folder, not the working directory
+    code, out, err = legion_in_process("train", f"resume={run}", "checkpoint=model_1.pt", "agent.max_iterations=2")
     assert code == 0, err[-3000:]
     assert f"resumed from {run / 'model_1.pt'} at iteration 1" in out
     assert "[it 2/2]" in out and "[it 1/" not in out
+
+
+def test_a_checkpoint_that_does_not_fit_the_networks_stops_before_anything_is_written(cartpole_run, tmp_path,
+                                                                                        monkeypatch):
+    run = cartpole_run
+    monkeypatch.chdir(tmp_path)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    code, _, err = legion_in_process("train", f"resume={run}", f"checkpoint={run / 'model_3.pt'}",
+                                     "agent.actor.hidden_dims=[32,32]")
+    assert code == 2 and err.count("\n") == 1, err[-3000:]  # one line, no traceback
+    assert err.startswith(f"legion train: {run / 'model_3.pt'} does not fit this task/agent config: its mlp.0.weight "
+                          "has shape [64, 4], this config's [32, 4] (and ") and "Resume without the overrides" in err
+    # the run's config.yaml, checkpoints and TensorBoard events as they were: it resumes as before
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    # A new run from a checkpoint whose networks differ: the same, and no run folder left behind
+    code, _, err = legion_in_process("train", "task=cartpole", f"agent.init_from={run / 'model_3.pt'}",
+                                     "agent.actor.hidden_dims=[32,32]", "sim.num_envs=8", "agent.max_iterations=1",
+                                     "agent.num_steps_per_env=8")
+    assert code == 2 and err.count("\n") == 1 and "agent.init_from=" in err and "does not fit" in err, err[-3000:]
+    assert not list(tmp_path.glob("runs/*/*"))
+
+
+def test_ctrl_c_stops_a_command_with_one_line_and_exit_code_130(cartpole_run, monkeypatch):
+    import _thread
+
+    from legion.commands import play
+
+    shown = play.print_episode
+
+    def ctrl_c_after_the_first(*args):  # as the terminal's Ctrl-C: the signal, handled in the main thread
+        shown(*args)
+        _thread.interrupt_main()
+
+    monkeypatch.setattr(play, "print_episode", ctrl_c_after_the_first)
+    code, out, err = legion_in_process("play", f"run={cartpole_run}", "episodes=50", "sim.num_envs=2")
+    assert code == 130 and err.strip() == "legion play: stopped (Ctrl-C)", err[-3000:]
+    assert "episode 1:" in out and "episode 3:" not in out
 
 
 def test_unknown_task_lists_the_valid_ones():

@@ -7,6 +7,7 @@ below this layer imports it; :mod:`legion.cli` dispatches to it."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TypeVar
@@ -123,9 +124,14 @@ class RecordedEpisodes:
 
 def guarded(command: str, function, *args) -> None:
     """Runs a command; bad input (any ValueError: its message names the fix) exits with code 2, a
-    training that cannot go on with code 1, both with one message and no traceback."""
+    training that cannot go on with code 1, Ctrl-C with 130 (as a shell reports it), each with one
+    message and no traceback."""
     try:
         function(*args)
+    except KeyboardInterrupt as e:  # Ctrl-C where the command does not stop on it itself (training does)
+        name = getattr(e, "signal_name", "SIGINT")  # legion.Interrupted's, or a plain KeyboardInterrupt's
+        print(f"\nlegion {command}: stopped ({'Ctrl-C' if name == 'SIGINT' else name})", file=sys.stderr)
+        sys.exit(128 + signal.Signals[name])
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet
         sys.exit(0)

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 from legion.agents.ppo import update_precision
-from legion.api import RunError, make_env, make_runner, seed_everything, setup_process, validate
+from legion.api import RunError, checkpoint_in, make_env, make_runner, seed_everything, setup_process, validate
 from legion.commands import UsageError, guarded, run_args
 from legion.configs import save_config, schema
 
 HELP = """usage: legion train resume=<run folder> [checkpoint=FILE] [key=value ...]
 
 Continues a run in its own folder from its newest good checkpoint (a damaged newer one is
-skipped with a warning) or from checkpoint=FILE, with the run's saved config.yaml and any
-overrides on top (e.g. agent.max_iterations=null). Networks, normalizers, optimizer, learning
-rate, iteration, randomization ranges and random generators continue where they stopped.
+skipped with a warning) or from checkpoint=FILE (a path, or a name in the run folder:
+model_6.pt), with the run's saved config.yaml and any overrides on top (e.g.
+agent.max_iterations=null). Networks, normalizers, optimizer, learning rate, iteration,
+randomization ranges and random generators continue where they stopped. A checkpoint that does
+not fit the networks the overrides make stops it before anything in the folder changes.
 """
 
 
@@ -94,8 +97,11 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
         path = contents = None
         if resume and main:
             try:
-                path, contents = (Path(checkpoint), load_checkpoint(checkpoint)) if checkpoint \
-                    else latest_good_checkpoint(run_dir)
+                if checkpoint:
+                    path = checkpoint_in(run_dir, checkpoint)
+                    contents = load_checkpoint(path)
+                else:
+                    path, contents = latest_good_checkpoint(run_dir)
             except CheckpointError as e:
                 raise RunError(str(e)) from None
         if resume and group is not None:
@@ -139,10 +145,6 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
             from legion.sim2real.trajectories.demos import imitation_inputs, with_teacher_observations
 
             env = make_env(with_teacher_observations(cfg))  # a distillation's env also observes for its teacher
-            if main:
-                run_dir.mkdir(parents=True, exist_ok=True)
-                save_config(saved, run_dir / "config.yaml")
-
             runner = make_runner(env, cfg.agent, log_dir=run_dir if main else None, device=cfg.device, group=group,
                                  **imitation_inputs(cfg.agent, env))
             if main and cfg.task.record.every is not None:
@@ -164,16 +166,33 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
 
                 goal_stop = StopAtGoal(run_dir, cfg)
                 runner.on_iteration.append(goal_stop)
+            # The checkpoint last (it restores the generators the above drew from), and before
+            # config.yaml: one that does not fit these networks leaves the run folder as it was.
+            try:
+                if cfg.agent.init_from and not resume:
+                    runner.init_from(cfg.agent.init_from)
+                if resume:
+                    assert path is not None and contents is not None  # read above (rank 0) or broadcast
+                    runner.load(path, contents)
+            except CheckpointError as e:
+                if resume:
+                    raise RunError(f"{path} does not fit this task/agent config: {_misfit(e)}. Resume without the "
+                                   "overrides that change the networks, or train such networks in a new run "
+                                   "(agent.init_from=<checkpoint> starts one from networks of the same shapes).") \
+                        from None
+                raise RunError(f"agent.init_from={cfg.agent.init_from} does not fit this task/agent config: "
+                               f"{_misfit(e)}. Give the new run the networks of the checkpoint's run (agent.actor, "
+                               "agent.critic in its config.yaml).") from None
+            if main:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                save_config(saved, run_dir / "config.yaml")
         except BaseException:
             if new:  # a run that never started leaves no folder behind (all in it was written just now)
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
         if cfg.agent.init_from and not resume:
-            runner.init_from(cfg.agent.init_from)
             say(f"[legion] starting from the networks of {cfg.agent.init_from}", flush=True)
         if resume:
-            assert path is not None and contents is not None  # read above (rank 0) or broadcast
-            runner.load(path, contents)
             rate = f" (learning rate {runner.ppo.learning_rate:.3g})" if cfg.agent.learner == "ppo" else ""
             say(f"[legion] resumed from {path} at iteration {runner.iteration}{rate}", flush=True)
         from legion.evaluation import GoalReached
@@ -209,3 +228,15 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
     finally:
         if group is not None:
             distributed.leave()
+
+
+def _misfit(e: Exception) -> str:
+    """What of a checkpoint does not fit, in one line: the first of torch's lines (one per tensor)."""
+    cause = e.__cause__
+    if not isinstance(cause, RuntimeError):  # a KeyError: something the checkpoint lacks
+        return f"it lacks {cause}" if isinstance(cause, KeyError) else str(e)
+    lines = [line.strip() for line in str(cause).splitlines()[1:] if line.strip()] or [str(cause)]
+    shape = re.compile(r"size mismatch for (\S+): copying a param with shape torch\.Size\((\[.*?\])\) from checkpoint, "
+                       r"the shape in current model is torch\.Size\((\[.*?\])\)\.")
+    first = shape.sub(r"its \1 has shape \2, this config's \3", lines[0]).rstrip(".")
+    return first + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else "")
