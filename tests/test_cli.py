@@ -1,6 +1,7 @@
 """The `legion` command line: one namespace, Hydra overrides, clear errors, multirun, play."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -177,12 +178,19 @@ def cartpole_run(tmp_path_factory) -> Path:
 
 
 def test_resume_from_a_chosen_checkpoint(cartpole_run, tmp_path, monkeypatch):
-    run = cartpole_run
-    monkeypatch.chdir(tmp_path)  # checkpoint=<name>: in the run folder, not the working directory
+    """checkpoint=<name> is found in the run folder, not the working directory; the checkpoints
+    past it (model_2, model_3) move aside, kept, so that the newest is this branch's."""
+    run = shutil.copytree(cartpole_run, tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    old_second = (run / "model_2.pt").read_bytes()
     code, out, err = legion_in_process("train", f"resume={run}", "checkpoint=model_1.pt", "agent.max_iterations=2")
     assert code == 0, err[-3000:]
     assert f"resumed from {run / 'model_1.pt'} at iteration 1" in out
     assert "[it 2/2]" in out and "[it 1/" not in out
+    assert "later checkpoints (model_2.pt, model_3.pt) moved to" in out
+    assert sorted(p.name for p in (run / "superseded_from_it1").iterdir()) == ["model_2.pt", "model_3.pt"]
+    assert (run / "superseded_from_it1" / "model_2.pt").read_bytes() == old_second
+    assert sorted(p.name for p in run.glob("model_*.pt")) == ["model_1.pt", "model_2.pt"]  # model_2: this branch's
 
 
 def test_a_checkpoint_that_does_not_fit_the_networks_stops_before_anything_is_written(cartpole_run, tmp_path,

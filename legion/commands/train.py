@@ -195,6 +195,8 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
         if resume:
             rate = f" (learning rate {runner.ppo.learning_rate:.3g})" if cfg.agent.learner == "ppo" else ""
             say(f"[legion] resumed from {path} at iteration {runner.iteration}{rate}", flush=True)
+            if main:
+                set_aside_later_checkpoints(run_dir, runner.iteration, say)
         from legion.evaluation import GoalReached
 
         try:
@@ -228,6 +230,23 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
     finally:
         if group is not None:
             distributed.leave()
+
+
+def set_aside_later_checkpoints(run_dir: Path, iteration: int, say=print) -> None:
+    """A run resumed from an earlier checkpoint branches off: its checkpoints past ``iteration``
+    move to ``superseded_from_it<iteration>/`` (kept, not deleted), or the newest, not this
+    branch's, would be what play, export and the next resume pick."""
+    from legion.agents.checkpoints import checkpoints
+
+    later = [p for p in checkpoints(run_dir) if int(p.stem.split("_", 1)[1]) > iteration]
+    if not later:
+        return
+    folder = run_dir / f"superseded_from_it{iteration}"
+    folder.mkdir(exist_ok=True)
+    for checkpoint in later:
+        checkpoint.replace(folder / checkpoint.name)
+    say(f"[legion] note: the run's later checkpoints ({', '.join(p.name for p in later)}) moved to {folder}: "
+        "this resume branches off before them", flush=True)
 
 
 def _misfit(e: Exception) -> str:
