@@ -205,6 +205,10 @@ def test_a_checkpoint_that_does_not_fit_the_networks_stops_before_anything_is_wr
                           "has shape [64, 4], this config's [32, 4] (and ") and "Resume without the overrides" in err
     # the run's config.yaml, checkpoints and TensorBoard events as they were: it resumes as before
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    # A resume with nothing to train (the run is past agent.max_iterations): said, and nothing written
+    code, _, err = legion_in_process("train", f"resume={run}", "agent.max_iterations=2")
+    assert code == 2 and "model_3.pt is at iteration 3, agent.max_iterations=2: nothing to train" in err, err[-3000:]
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     # A new run from a checkpoint whose networks differ: the same, and no run folder left behind
     code, _, err = legion_in_process("train", "task=cartpole", f"agent.init_from={run / 'model_3.pt'}",
                                      "agent.actor.hidden_dims=[32,32]", "sim.num_envs=8", "agent.max_iterations=1",

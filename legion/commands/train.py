@@ -183,6 +183,11 @@ def train(cfg: schema.Train, run_dir: Path, resume: bool = False, checkpoint: st
                 raise RunError(f"agent.init_from={cfg.agent.init_from} does not fit this task/agent config: "
                                f"{_misfit(e)}. Give the new run the networks of the checkpoint's run (agent.actor, "
                                "agent.critic in its config.yaml).") from None
+            limit = cfg.agent.max_iterations
+            if resume and limit is not None and runner.iteration >= limit:
+                raise RunError(f"{path} is at iteration {runner.iteration}, agent.max_iterations={limit}: nothing to "
+                               f"train. Give more (agent.max_iterations={runner.iteration + 100}, or null: until "
+                               "stopped).")
             if main:
                 run_dir.mkdir(parents=True, exist_ok=True)
                 save_config(saved, run_dir / "config.yaml")
