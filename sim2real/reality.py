@@ -124,7 +124,8 @@ def load_reality(path: str | Path) -> Reality:
         merged = OmegaConf.merge(OmegaConf.structured(Reality), OmegaConf.load(path))
         reality = OmegaConf.to_object(merged)
     except (OmegaConfBaseException, ValueError, TypeError, yaml.YAMLError) as e:
-        message = " ".join(str(e).split())  # (a YAML syntax error's message spans lines)
+        # (a YAML syntax error's lines say where; OmegaConf's first line says what)
+        message = " ".join(str(e).split()) if isinstance(e, yaml.YAMLError) else str(e).split("\n")[0]
         raise ValueError(f"reality={path}: {message} (the format: legion/sim2real/reality.py, Reality)") from None
     assert isinstance(reality, Reality)
     problems = [f"{key}={value}: not a finite number" for key, value in _numbers(reality) if not math.isfinite(value)]
