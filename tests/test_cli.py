@@ -217,6 +217,15 @@ def test_a_checkpoint_that_does_not_fit_the_networks_stops_before_anything_is_wr
     assert not list(tmp_path.glob("runs/*/*"))
 
 
+def test_a_misspelt_option_of_a_command_is_refused_as_one_with_the_options_it_has(cartpole_run):
+    """`legion play run=R episods=2`: not a config key of the run (which would blame its config.yaml)."""
+    code, _, err = legion_in_process("play", f"run={cartpole_run}", "episods=2")
+    assert code == 2 and err.startswith("legion play: episods: no such option; options: run, checkpoint, episodes")
+    assert "config overrides (task.*, sim.*, agent.*, device, run_name, seed)" in err
+    code, _, err = legion_in_process("play", f"run={cartpole_run}", "seed=3", "episodes=1", "task.episode_length_s=1")
+    assert code == 0, err[-2000:]  # a root config key and a dotted one stay overrides
+
+
 def test_ctrl_c_stops_a_command_with_one_line_and_exit_code_130(cartpole_run, monkeypatch):
     import _thread
 

@@ -34,20 +34,31 @@ def fail(command: str, message: str) -> None:
     sys.exit(2)
 
 
-def run_args(args: list[str], help_text: str, options: dict) -> tuple[Path, dict, list[str]]:
-    """Splits ``run=<folder>``, this command's ``options`` (name -> default) and config overrides."""
+def run_args(args: list[str], help_text: str, options: dict, overrides_allowed: bool = True
+             ) -> tuple[Path, dict, list[str]]:
+    """Splits ``run=<folder>``, this command's ``options`` (name -> default) and config overrides
+    (where ``overrides_allowed``; else the caller refuses what is left)."""
     bad = [a for a in args if "=" not in a and not a.startswith("~")]
     run = [a.split("=", 1)[1] for a in args if a.startswith("run=")]
     if bad or len(run) != 1:
         raise UsageError(f"expected run=<run folder> and key=value options, got {' '.join(args) or 'nothing'}"
                          f"\n\n{help_text}")
+    import dataclasses
+
+    from legion.configs import schema
+
     chosen, overrides = dict(options), []
+    roots = {f.name for f in dataclasses.fields(schema.Train)}
     for arg in args:
         key, _, value = arg.partition("=")
         if key == "run":
             continue
         if key in options:
             chosen[key] = value
+        elif overrides_allowed and "." not in key and key.lstrip("+~") not in roots:  # a misspelt option
+            raise UsageError(f"{key}: no such option; options: {', '.join(['run', *options])}, or config overrides "
+                             f"(task.*, sim.*, agent.*, {', '.join(sorted(roots - {'task', 'sim', 'agent'}))})"
+                             f"\n\n{help_text}")
         else:
             overrides.append(arg)
     return Path(run[0]), chosen, overrides
@@ -73,7 +84,7 @@ def dds_args(args: list[str], help_text: str, options: dict) -> tuple[Path, dict
     if any(a in ("-h", "--help") for a in args):
         print(help_text)
         raise SystemExit(0)
-    run, chosen, unknown = run_args(args, help_text, options)
+    run, chosen, unknown = run_args(args, help_text, options, overrides_allowed=False)
     if unknown:
         raise UsageError(f"unknown option(s) {' '.join(unknown)}; options: {', '.join(options)}\n\n{help_text}")
     if not chosen["robot"]:

@@ -86,7 +86,8 @@ def run(args: list[str]) -> None:
     run, o, unknown = run_args(args, HELP, {"log": None, "params": "kp_scale,coulomb_friction,latency_ms",
                                             "window_s": "0.5", "evaluations": "2400", "bootstrap": "200", "seed": "0",
                                             "groups": "", "out": None, "hung": "true",
-                                            "actuator_network": "false", "workers": "auto"})
+                                            "actuator_network": "false", "workers": "auto"},
+                                   overrides_allowed=False)
     if unknown:
         raise UsageError(f"unknown option(s) {' '.join(unknown)}\n\n{HELP}")
     if not o["log"]:
