@@ -834,6 +834,17 @@ def test_sim2sim_keeps_an_export_of_another_checkpoint_and_exports_beside_it(tmp
     assert "exported holds the export of model_3.pt (kept); model_4.pt is exported to" in capsys.readouterr().out
 
 
+def test_the_runtime_takes_an_export_folder_and_says_which_file_when_given_the_metadata(trained):
+    from legion.sim2real.deploy import PolicyRunner
+    from legion.sim2real.deploy.policy import PolicyLoadError
+
+    assert PolicyRunner(trained["out"]).policy.path == trained["out"] / "policy.onnx"
+    with pytest.raises(PolicyLoadError, match=r"policy.json is the policy's metadata: give .*policy.onnx"):
+        PolicyRunner(trained["out"] / "policy.json")
+    code, _, err = legion_in_process("sim2sim", f"run={trained['run']}", "commands=[1,2]")
+    assert code == 2 and "commands must be a JSON list of [v_x, v_y, yaw_rate] triples (got [1,2])" in err
+
+
 def test_sim2sim_perturbations_act_on_the_mujoco_robot(trained):
     """Each robustness condition changes what it names: a floor slipperier than the feet (MuJoCo
     would take the larger friction), targets that act one write late, noisy sensors, a heavier base."""

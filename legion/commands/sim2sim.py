@@ -64,6 +64,9 @@ def run(args: list[str]) -> None:
         "pushes": None, "push_directions": "8", "push_phases": "3", "plot": None, "reality": None})
     try:
         commands = json.loads(options["commands"])
+        if not (isinstance(commands, list) and commands and all(
+                isinstance(c, list) and len(c) == 3 and all(isinstance(x, (int, float)) for x in c) for c in commands)):
+            raise ValueError(f"got {options['commands']}")
     except ValueError as e:
         raise UsageError(f"commands must be a JSON list of [v_x, v_y, yaw_rate] triples ({e})"
                          f"\n\n{HELP}") from None

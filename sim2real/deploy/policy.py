@@ -338,6 +338,10 @@ class OnnxPolicy:
     def __init__(self, path: str | Path, providers: list[str] | None = None, check_hash: bool = True):
         path = Path(path)
         hint = "Re-export it on the training machine (legion export run=<run folder>) and copy the whole folder."
+        if path.is_dir() and (path / "policy.onnx").is_file():  # an export folder: its policy
+            path = path / "policy.onnx"
+        if path.suffix == ".json" and (path.parent / "policy.onnx").is_file():
+            raise PolicyLoadError(f"{path} is the policy's metadata: give {path.parent / 'policy.onnx'}.")
         if not path.is_file():
             raise PolicyLoadError(f"{path} does not exist. {hint}")
         sidecar_path, sidecar = path.parent / "policy.json", None
