@@ -82,6 +82,7 @@ def load(run: str | Path, options: Options, checkpoint=None, overrides=()) -> Lo
     may name another device)."""
     options.check()
     cfg = load_run_config(run)
+    metrics_kind(cfg)  # a task without metrics is refused before its env is built
     if cfg.task.command is not None and cfg.task.command.type in GOAL_COMMANDS:
         setup = [f"sim.num_envs={options.envs_per_command}"]
     else:
@@ -384,12 +385,18 @@ def plot_goals(report: dict, path: Path) -> None:
 METRICS = {"velocity": (locomotion, plot_velocity), **{kind: (goals, plot_goals) for kind in GOAL_COMMANDS}}
 
 
+def metrics_kind(cfg) -> str:
+    """The kind of task ``cfg`` is, for :data:`METRICS`; ValueError where legion eval has none."""
+    kind = cfg.task.command.type if cfg.task.command else None
+    if kind not in METRICS:
+        raise ValueError(f"task {cfg.task.name}: no evaluation metrics for command type {kind!r}; "
+                         f"legion eval measures {sorted(METRICS)} tasks.")
+    return kind
+
+
 def measure(loaded: LoadedRun, options: Options) -> dict:
     """The metrics of the loaded run (from :func:`load`) for its kind of task, with the run's identity."""
-    kind = loaded.cfg.task.command.type if loaded.cfg.task.command else None
-    if kind not in METRICS:
-        raise ValueError(f"task {loaded.cfg.task.name}: no evaluation metrics for command type {kind!r}; "
-                         f"legion eval measures {sorted(METRICS)} tasks.")
+    kind = metrics_kind(loaded.cfg)
     import torch
 
     with torch.inference_mode():  # no autograd bookkeeping: evaluation only reads the policy

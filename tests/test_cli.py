@@ -226,6 +226,12 @@ def test_a_misspelt_option_of_a_command_is_refused_as_one_with_the_options_it_ha
     assert code == 0, err[-2000:]  # a root config key and a dotted one stay overrides
 
 
+def test_eval_of_a_task_it_has_no_metrics_for_is_refused_before_the_env_is_built(cartpole_run):
+    code, out, err = legion_in_process("eval", f"run={cartpole_run}")
+    assert code == 2 and "task cartpole: no evaluation metrics for command type None" in err
+    assert "evaluating" not in out  # said before building (the line comes once the env is built)
+
+
 def test_ctrl_c_stops_a_command_with_one_line_and_exit_code_130(cartpole_run, monkeypatch):
     import _thread
 
