@@ -544,7 +544,6 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     from legion.api import load_run
     from legion.configs import load_run_config
     from legion.sim2real.deploy import OnnxPolicy
-    from legion.sim2real.export import export_run
     from legion.tasks.mdp.commands import VelocityCommand
     from legion.tasks.sim import resolve_asset
 
@@ -570,8 +569,7 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
         model = trained_mujoco_model(env)
     options = physics_options(physics, settings.sim)
     if onnx is None:
-        out_dir, _ = export_run(run, steps=20, loaded=loaded, out_dir=export_folder(Path(run), loaded.checkpoint.name))
-        onnx = out_dir / "policy.onnx"
+        onnx = export_for_sim2sim(Path(run), loaded)
     policy = OnnxPolicy(onnx)
     steps = int(round(min(duration_s, settings.task.episode_length_s) / env.step_dt))
     newton = run_newton(env, policy, commands, steps)
@@ -592,22 +590,24 @@ def compare(run: Path, checkpoint=None, onnx: Path | None = None, duration_s: fl
     return result
 
 
-def export_folder(run: Path, checkpoint: str) -> Path:
-    """Where sim2sim exports ``checkpoint``: ``<run>/exported``, unless that holds the export of
-    another checkpoint (one ``legion export checkpoint=`` made for the robot, which is kept): then
-    ``<run>/sim2sim_exported``, and a note says so."""
-    exported = run / "exported"
-    if not (exported / "policy.json").is_file():
-        return exported
+def export_for_sim2sim(run: Path, loaded) -> Path:
+    """Exports ``loaded``'s checkpoint (as ``legion export``) and returns its policy.onnx: into
+    ``<run>/exported``, unless that holds the export of another checkpoint (one ``legion export
+    checkpoint=`` made for the robot, which is kept): then into ``<run>/sim2sim_exported``, and a
+    note says so."""
+    from legion.sim2real.export import export_run
+
+    exported, checkpoint = run / "exported", loaded.checkpoint.name
     try:
         kept = json.loads((exported / "policy.json").read_text()).get("checkpoint")
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # no export yet (or an unreadable one, replaced)
         kept = None
-    if kept in (None, checkpoint):
-        return exported
-    print(f"[sim2sim] {exported} holds the export of {kept} (kept); {checkpoint} is exported to "
-          f"{run / 'sim2sim_exported'}", flush=True)
-    return run / "sim2sim_exported"
+    if kept not in (None, checkpoint):
+        print(f"[sim2sim] {exported} holds the export of {kept} (kept); {checkpoint} is exported to "
+              f"{run / 'sim2sim_exported'}", flush=True)
+        exported = run / "sim2sim_exported"
+    out_dir, _ = export_run(run, steps=20, loaded=loaded, out_dir=exported)
+    return out_dir / "policy.onnx"
 
 
 def goal_reached(distance: np.ndarray, threshold: float, hold_steps: int) -> int | None:
@@ -647,7 +647,6 @@ def compare_goals(run: Path, checkpoint=None, onnx: Path | None = None, episodes
     from legion.configs import load_run_config
     from legion.sim2real.deploy import ControlLoop, OnnxPolicy, PolicyRunner
     from legion.sim2real.deploy.mujoco_robot import MuJoCoRobot
-    from legion.sim2real.export import export_run
     from legion.tasks.mdp.commands import PoseCommand, PositionCommand
 
     task = load_run_config(run).task
@@ -660,8 +659,7 @@ def compare_goals(run: Path, checkpoint=None, onnx: Path | None = None, episodes
         raise ValueError(f"task {task.name}: sim2sim compares goal tasks with a position command and a success "
                          "condition (task.success with position_threshold), e.g. arm_lift.")
     if onnx is None:
-        out_dir, _ = export_run(run, steps=20, loaded=loaded, out_dir=export_folder(Path(run), loaded.checkpoint.name))
-        onnx = out_dir / "policy.onnx"
+        onnx = export_for_sim2sim(Path(run), loaded)
     policy = OnnxPolicy(onnx)
     entity = command.body[0]  # the object the goal is for (its root pose starts each MuJoCo episode)
     threshold, hold = float(success.params["position_threshold"]), max(1, round(success.hold_s / env.step_dt))

@@ -819,19 +819,18 @@ def test_sim2sim_says_when_the_runtime_clamps_what_training_did_not(trained, tmp
     assert newton["vel_error_xy"] == pytest.approx(mujoco["vel_error_xy"], abs=1e-3)
 
 
-def test_sim2sim_keeps_an_export_of_another_checkpoint_and_exports_beside_it(tmp_path, capsys):
-    """A user's `legion export checkpoint=` of an earlier policy, kept for the robot: sim2sim of the
-    newest checkpoint leaves it as it was and exports into sim2sim_exported/ (and says so)."""
-    from legion.sim2real.sim2sim import export_folder
-
-    run = tmp_path / "run"
-    (run / "exported").mkdir(parents=True)
-    assert export_folder(run, "model_4.pt") == run / "exported"  # no export yet: <run>/exported
-    (run / "exported" / "policy.json").write_text(json.dumps({"checkpoint": "model_4.pt"}))
-    assert export_folder(run, "model_4.pt") == run / "exported"  # its own: exported again
-    (run / "exported" / "policy.json").write_text(json.dumps({"checkpoint": "model_3.pt"}))
-    assert export_folder(run, "model_4.pt") == run / "sim2sim_exported"
-    assert "exported holds the export of model_3.pt (kept); model_4.pt is exported to" in capsys.readouterr().out
+def test_sim2sim_keeps_an_export_of_another_checkpoint_and_exports_beside_it(trained, tmp_path):
+    """A user's `legion export checkpoint=` of another policy, kept for the robot: sim2sim of the
+    newest checkpoint leaves it as it was, exports into sim2sim_exported/ and says so."""
+    run = shutil.copytree(trained["run"], tmp_path / "run")
+    sidecar = run / "exported" / "policy.json"
+    shutil.copytree(trained["out"], run / "exported", dirs_exist_ok=True)
+    sidecar.write_text(sidecar.read_text().replace('"checkpoint": "model_1.pt"', '"checkpoint": "model_0.pt"'))
+    kept = sidecar.read_bytes()
+    code, out, err = legion_in_process("sim2sim", f"run={run}", "duration_s=0.2", "commands=[[0.5,0,0]]")
+    assert code == 0, err[-3000:]
+    assert "exported holds the export of model_0.pt (kept); model_1.pt is exported to" in out
+    assert sidecar.read_bytes() == kept and (run / "sim2sim_exported" / "policy.onnx").is_file()
 
 
 def test_the_runtime_takes_an_export_folder_and_says_which_file_when_given_the_metadata(trained):
