@@ -669,7 +669,13 @@ def _type_entries(node, path: str) -> None:
 def describe(error: Exception, prefix: str = "") -> str:
     """One message for an OmegaConf error: the full key, what is wrong, and the valid keys where
     a key was not found. ``prefix``: the path of the entry being checked."""
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
+    from omegaconf.errors import (
+        ConfigAttributeError,
+        ConfigKeyError,
+        MissingMandatoryValue,
+        OmegaConfBaseException,
+        ValidationError,
+    )
 
     cause = next((c for c in _causes(error) if isinstance(c, OmegaConfBaseException) and c.full_key is not None), None)
     if cause is None:
@@ -683,6 +689,13 @@ def describe(error: Exception, prefix: str = "") -> str:
         return f"{key}: no such key." + (f" Valid keys of {parent or 'the root'}: {', '.join(keys)}" if keys else "")
     if isinstance(cause, MissingMandatoryValue):
         return f"{key}: missing; it has no default and must be set."
+    expected = _expected_at(key)
+    if expected is not None and isinstance(cause, ValidationError):  # a value of the wrong type
+        value = cause.value
+        if isinstance(value, typing.Mapping) and not dataclasses.is_dataclass(_type_at(key)):
+            # e.g. agent.learner.learning_rate=fast, where agent.learner is one value
+            return f"{key} is one value ({expected}), not a group of settings with keys under it."
+        return f"{key}={_shown(value)}: expected {expected}."
     return f"{key}: {str(getattr(cause, 'msg', cause)).splitlines()[0]}"
 
 
@@ -695,6 +708,12 @@ def _causes(error: BaseException | None):
 
 def keys_at(path: str) -> list[str] | None:
     """The keys the schema declares at a dotted path (named entries' names are free), or None."""
+    node = _type_at(path)
+    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else None
+
+
+def _type_at(path: str):
+    """The schema's type at a dotted path, or None (past a named entry's free name, or no such key)."""
     node, depth, entry_kind = Train, 0, None
     for part in [p for p in path.split(".") if p]:
         if depth:  # an entry name (or a group name) of a named-entries field
@@ -715,4 +734,29 @@ def keys_at(path: str) -> list[str] | None:
         args = [a for a in typing.get_args(node) if a is not type(None)]
         if typing.get_origin(node) is typing.Union and len(args) == 1:  # Optional[X]
             node = args[0]
-    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) and not depth else None
+    return None if depth else node
+
+
+def _expected_at(key: str) -> str | None:
+    """What the schema takes at ``key``, in words with its default: 'a number (default 0.001)'."""
+    hint, (parent, _, leaf) = _type_at(key), key.rpartition(".")
+    owner = _type_at(parent)
+    if hint is None or not dataclasses.is_dataclass(owner):
+        return None
+    if dataclasses.is_dataclass(hint):
+        return f"a group of settings ({', '.join(f.name for f in dataclasses.fields(hint))})"
+    words = {float: "a number", int: "a whole number", bool: "true or false", str: "a string"}
+    origin = typing.get_origin(hint)
+    text = "a list" if origin is list else "a mapping" if origin is dict else words.get(hint)
+    if text is None:
+        return None
+    spec = next(f for f in dataclasses.fields(owner) if f.name == leaf)
+    default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+    if default is None:
+        return f"{text} or null"
+    return text if default is dataclasses.MISSING else f"{text}, e.g. its default {_shown(default)}"
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
