@@ -183,6 +183,12 @@ def load_run_config(run: str | Path, overrides=()) -> schema.Train:
         with initialize_config_dir(str(run.resolve()), version_base="1.3"):
             cfg = hydra_compose("config", overrides=list(overrides))
     except Exception as e:
+        broken = next((c for c in (e, e.__cause__, e.__context__) if type(c).__module__.startswith("yaml")), None)
+        if broken is not None:  # e.g. a file cut short by a full disk or a killed copy
+            mark = getattr(broken, "problem_mark", None)
+            raise ConfigError(f"{run / 'config.yaml'}: not valid YAML ({getattr(broken, 'problem', broken)}"
+                              + (f", line {mark.line + 1}" if mark else "") + "): the file is damaged. It holds "
+                              "how this run was configured; restore it from a copy, or train a new run.") from None
         raise ConfigError(f"{run / 'config.yaml'}: {explain(e)}{FIX}") from None
     try:
         return typed(cfg)
@@ -192,10 +198,12 @@ def load_run_config(run: str | Path, overrides=()) -> schema.Train:
 
 def save_config(cfg: schema.Train, path: Path) -> None:
     """Writes the resolved config, every default filled in: enough to reproduce the run, and
-    what :func:`load_run_config` reads."""
+    what :func:`load_run_config` reads. Written whole or not at all (a temporary file renamed)."""
     from omegaconf import OmegaConf
 
-    OmegaConf.save(OmegaConf.structured(cfg), path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    OmegaConf.save(OmegaConf.structured(cfg), tmp)
+    os.replace(tmp, path)
 
 
 def typed(cfg, robot: str | None = None) -> schema.Train:

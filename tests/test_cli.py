@@ -98,6 +98,15 @@ def test_a_misspelt_key_in_a_run_config_is_named_and_can_be_removed(tmp_path):
         load_run_config(tmp_path, ["task=quadruped_flat"])
 
 
+def test_a_run_config_cut_short_is_called_damaged_with_its_line(tmp_path):
+    save_config(compose("task=cartpole"), tmp_path / "config.yaml")
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]  # written through a renamed temporary file
+    text = (tmp_path / "config.yaml").read_text()
+    (tmp_path / "config.yaml").write_text(text[:text.index("[") + 1])  # cut inside a list
+    with pytest.raises(ConfigError, match=r"config\.yaml: not valid YAML \(.*, line \d+\): the file is damaged"):
+        load_run_config(tmp_path)
+
+
 def test_a_task_sizes_itself_for_the_device_unless_the_command_line_says_otherwise():
     cpu, cuda = compose("task=quadruped_flat"), compose("task=quadruped_flat", "device=cuda:0")
     assert (cpu.sim.num_envs, cpu.agent.max_iterations) == (1024, 500)
