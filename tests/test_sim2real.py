@@ -755,6 +755,11 @@ def test_cli_help_and_bad_run(tmp_path):
     (tmp_path / "policy.onnx").write_text("")
     code, _, err = legion_in_process("export", f"run={tmp_path}", f"out={tmp_path / 'policy.onnx'}")
     assert code == 2 and "policy.onnx is a file: give a folder" in err
+    (tmp_path / "deploy").mkdir()
+    (tmp_path / "deploy" / "policy.json").write_text('{"checkpoint": "model_900.pt", "task": "quadruped_flat"}')
+    code, _, err = legion_in_process("export", f"run={tmp_path}", f"out={tmp_path / 'deploy'}")
+    assert code == 2 and ("deploy already holds an export (model_900.pt of task quadruped_flat): give another folder, "
+                          "or replace=true") in err, err
     top = legion("--help", cwd=tmp_path)
     assert "export" in top.stdout and "sim2sim" in top.stdout
 
