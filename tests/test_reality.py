@@ -293,6 +293,9 @@ def test_legion_calibrate_recovers_a_hung_go2s_motor_parameters_from_an_excitati
     assert code == 0, err[-2000:]
     assert "[calibrate] 15 windows of 0.5 s to fit, 4 held out" in out and "evaluations/s | ETA" in out
     report = json.loads((logs / "calibration.json").read_text())
+    code, _, err = legion_in_process("calibrate", f"run={go2['run']}", f"log={logs}", "evaluations=300")
+    assert code == 2 and f"{logs} already holds a calibration (calibration.json" in err, err[-2000:]
+    assert json.loads((logs / "calibration.json").read_text()) == report  # refused before the fit
     estimates = report["estimates"]
     print(out[-600:])
     assert estimates["kp_scale"] == pytest.approx(0.8, rel=0.05)

@@ -7,7 +7,7 @@ from legion.commands import UsageError, flag, number, run_args
 HELP = """usage: legion calibrate run=<run or exported folder> log=<folder of logs>[,<another>...]
                         [params=kp_scale,coulomb_friction,latency_ms] [window_s=0.5] [evaluations=2400]
                         [groups=NAME:REGEX,...] [hung=true] [bootstrap=200] [seed=0] [out=DIR]
-                        [actuator_network=false] [workers=auto]
+                        [actuator_network=false] [workers=auto] [replace=false]
 
 Fits the motor and joint parameters of the export's robot.mjb (the model the policy trained on)
 to a robot's logs (`legion deploy ... log=DIR`; best an identification routine with the robot
@@ -21,7 +21,9 @@ calibration.json, reality_calibrated.yaml (`legion sim2sim reality=<it>` runs th
 robot), task_calibrated.yaml (the run's task with its randomization centred on the estimates and
 as wide as their spread, the whole prior where the loss is flat: `legion train task=<it>
 robot=...` trains or fine-tunes on the calibrated simulator) and calibration.png
-(held-out windows: logged, nominal and calibrated joint positions and torques).
+(held-out windows: logged, nominal and calibrated joint positions and torques). A folder that
+already holds a calibration is refused before the fit unless replace=true (runs fine-tuned on its
+task_calibrated.yaml read their actuator networks from it).
 
   params=           which to fit: kp_scale, kd_scale (the drivers' effective gains), coulomb_friction
                     [N m], viscous_friction [N m s/rad], armature [kg m^2], backlash [rad] (gear
@@ -86,7 +88,7 @@ def run(args: list[str]) -> None:
     run, o, unknown = run_args(args, HELP, {"log": None, "params": "kp_scale,coulomb_friction,latency_ms",
                                             "window_s": "0.5", "evaluations": "2400", "bootstrap": "200", "seed": "0",
                                             "groups": "", "out": None, "hung": "true",
-                                            "actuator_network": "false", "workers": "auto"},
+                                            "actuator_network": "false", "workers": "auto", "replace": "false"},
                                    overrides_allowed=False)
     if unknown:
         raise UsageError(f"unknown option(s) {' '.join(unknown)}\n\n{HELP}")
@@ -120,4 +122,5 @@ def run(args: list[str]) -> None:
               window_s, evaluations, bootstrap, seed=number("seed", o["seed"]), out_dir=o["out"],
               groups=groups or None, hung=[flag("hung", value) for value in o["hung"].split(",")],
               actuator_network=flag("actuator_network", o["actuator_network"]),
-              workers=workers, say=lambda line: print(line, flush=True), task=task)  # pyright: ignore[reportArgumentType]
+              workers=workers, replace=flag("replace", o["replace"]), say=lambda line: print(line, flush=True),
+              task=task)  # pyright: ignore[reportArgumentType]
