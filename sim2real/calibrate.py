@@ -524,7 +524,7 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
               max_evaluations: int = 2400, bootstrap: int = 200, seed: int = 0,
               out_dir: str | Path | None = None, groups: dict[str, str] | None = None, say=print,
               task: dict | None = None, hung: bool | list[bool] = True, actuator_network: bool = False,
-              workers: int | None = None, replace: bool = True) -> dict:
+              workers: int | None = None, overwrite: bool = True) -> dict:
     """``legion calibrate`` as a function (module docstring). Returns the report it writes.
     ``task``: the run's ``task`` config (plain dicts) for the training overlay (:func:`training_overlay`).
     ``log``: a folder of logs, or several fitted together; ``hung``: whether the robot was hung in
@@ -535,7 +535,7 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
     ``actuator_network_<group>.npz``) and compared on the held-out windows with the nominal and the
     fitted analytic motor; ValueError where the logs hold no joint_torque.
     ``workers``: processes that share the replays (:class:`Workers`; default: every core this process may
-    use). ``replace=False``: ValueError, before the fit, where the output folder holds a calibration."""
+    use). ``overwrite=False``: ValueError, before the fit, where the output folder holds a calibration."""
     from legion.sim2real.deploy.contract import PolicyContract
 
     exported = Path(exported)
@@ -559,10 +559,10 @@ def calibrate(log: str | Path | list, exported: str | Path, params: list[str], w
     if actuator_network:
         network_split(windows)  # (too few windows: refused before the fit)
     out = Path(out_dir) if out_dir else logs[0]
-    if not replace and (out / "calibration.json").exists():
+    if not overwrite and (out / "calibration.json").exists():
         # (a run fine-tuned on its task_calibrated.yaml reads its actuator networks from there)
         raise ValueError(f"{out} already holds a calibration (calibration.json, task_calibrated.yaml, ...): give "
-                         "out=<another folder>, or replace=true to replace it")
+                         "out=<another folder>, or overwrite=true to replace it")
     held_out = windows[3::4]
     fitting = [w for i, w in enumerate(windows) if i % 4 != 3]
     workers = workers or usable_cores()

@@ -759,7 +759,7 @@ def test_cli_help_and_bad_run(tmp_path):
     (tmp_path / "deploy" / "policy.json").write_text('{"checkpoint": "model_900.pt", "task": "quadruped_flat"}')
     code, _, err = legion_in_process("export", f"run={tmp_path}", f"out={tmp_path / 'deploy'}")
     assert code == 2 and ("deploy already holds an export (model_900.pt of task quadruped_flat): give another folder, "
-                          "or replace=true") in err, err
+                          "or overwrite=true") in err, err
     top = legion("--help", cwd=tmp_path)
     assert "export" in top.stdout and "sim2sim" in top.stdout
 

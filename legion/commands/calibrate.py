@@ -7,7 +7,7 @@ from legion.commands import UsageError, flag, number, run_args
 HELP = """usage: legion calibrate run=<run or exported folder> log=<folder of logs>[,<another>...]
                         [params=kp_scale,coulomb_friction,latency_ms] [window_s=0.5] [evaluations=2400]
                         [groups=NAME:REGEX,...] [hung=true] [bootstrap=200] [seed=0] [out=DIR]
-                        [actuator_network=false] [workers=auto] [replace=false]
+                        [actuator_network=false] [workers=auto] [overwrite=false]
 
 Fits the motor and joint parameters of the export's robot.mjb (the model the policy trained on)
 to a robot's logs (`legion deploy ... log=DIR`; best an identification routine with the robot
@@ -22,7 +22,7 @@ robot), task_calibrated.yaml (the run's task with its randomization centred on t
 as wide as their spread, the whole prior where the loss is flat: `legion train task=<it>
 robot=...` trains or fine-tunes on the calibrated simulator) and calibration.png
 (held-out windows: logged, nominal and calibrated joint positions and torques). A folder that
-already holds a calibration is refused before the fit unless replace=true (runs fine-tuned on its
+already holds a calibration is refused before the fit unless overwrite=true (runs fine-tuned on its
 task_calibrated.yaml read their actuator networks from it).
 
   params=           which to fit: kp_scale, kd_scale (the drivers' effective gains), coulomb_friction
@@ -88,7 +88,7 @@ def run(args: list[str]) -> None:
     run, o, unknown = run_args(args, HELP, {"log": None, "params": "kp_scale,coulomb_friction,latency_ms",
                                             "window_s": "0.5", "evaluations": "2400", "bootstrap": "200", "seed": "0",
                                             "groups": "", "out": None, "hung": "true",
-                                            "actuator_network": "false", "workers": "auto", "replace": "false"},
+                                            "actuator_network": "false", "workers": "auto", "overwrite": "false"},
                                    overrides_allowed=False)
     if unknown:
         raise UsageError(f"unknown option(s) {' '.join(unknown)}\n\n{HELP}")
@@ -122,5 +122,5 @@ def run(args: list[str]) -> None:
               window_s, evaluations, bootstrap, seed=number("seed", o["seed"]), out_dir=o["out"],
               groups=groups or None, hung=[flag("hung", value) for value in o["hung"].split(",")],
               actuator_network=flag("actuator_network", o["actuator_network"]),
-              workers=workers, replace=flag("replace", o["replace"]), say=lambda line: print(line, flush=True),
-              task=task)  # pyright: ignore[reportArgumentType]
+              workers=workers, overwrite=flag("overwrite", o["overwrite"]),
+              say=lambda line: print(line, flush=True), task=task)  # pyright: ignore[reportArgumentType]

@@ -6,10 +6,11 @@ import os
 
 from legion.commands import UsageError, flag, number, run_args
 
-HELP = """usage: legion export run=<run folder> [checkpoint=PATH] [out=DIR] [replace=false] [steps=N] [key=value ...]
+HELP = """usage: legion export run=<run folder> [checkpoint=PATH] [out=DIR] [overwrite=false] [steps=N]
+                     [key=value ...]
 
 Exports the run's newest good checkpoint (or `checkpoint=`) to DIR (default <run>/exported/,
-replaced by each export; a DIR given that already holds an export is refused unless replace=true):
+replaced by each export; a DIR given that already holds an export is refused unless overwrite=true):
 policy.onnx (fp32, opset 17, dynamic batch, normalizer folded in), policy_fp16.onnx and
 policy.json (joint order, default pose, action scale/offset, PD gains, effort and joint limits,
 control dt, observation layout, height-scan points, command and randomization ranges,
@@ -28,16 +29,16 @@ def run(args: list[str]) -> None:
     if any(a in ("-h", "--help") for a in args):
         print(HELP)
         return
-    run, options, overrides = run_args(args, HELP, {"checkpoint": None, "out": None, "replace": "false",
+    run, options, overrides = run_args(args, HELP, {"checkpoint": None, "out": None, "overwrite": "false",
                                                     "steps": "50"})
-    out, replace = options["out"], flag("replace", options["replace"])
+    out, overwrite = options["out"], flag("overwrite", options["overwrite"])
     if out and os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"out={out} is a file: give a folder (the export writes policy.onnx, policy.json and more "
                          "into it)")
     held = os.path.join(out or "", "policy.json")
-    if out and os.path.exists(held) and not replace:
-        raise UsageError(f"out={out} already holds an export ({_exported(held)}): give another folder, or replace=true "
-                         "to replace it")
+    if out and os.path.exists(held) and not overwrite:
+        raise UsageError(f"out={out} already holds an export ({_exported(held)}): give another folder, or "
+                         "overwrite=true to replace it")
     out_dir, report = export_run(run, options["checkpoint"], options["out"], number("steps", options["steps"]),
                                  overrides)
     print(summary(run, out_dir, report))
