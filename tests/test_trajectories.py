@@ -1,6 +1,7 @@
 """Trajectories: record, replay bit for bit, robot logs, damaged files, no silent overwrite, bounded
 memory, video that shows the robot, LeRobot v3 datasets."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -352,8 +353,21 @@ def test_a_log_folder_that_holds_a_log_or_is_a_file_is_refused_before_logging(tm
         TrajectoryLog(tmp_path / "walk", runner)
     with pytest.raises(ValueError, match="policy.onnx is a file, not a folder: log into an empty or new folder"):
         TrajectoryLog(policy, runner)
-    TrajectoryLog(tmp_path / "walk", runner, overwrite=True)  # replacing it, when asked
     assert TrajectoryLog(tmp_path / "new" / "walk", runner).folder.is_dir()
+    # replacing it, when asked: the earlier session goes whole (it held two episodes, the new one holds one)
+    (tmp_path / "walk" / "episode_000001.npz").write_bytes(b"an earlier session")
+
+    @dataclasses.dataclass
+    class Layout:
+        size: int = 0
+
+    runner.metadata = SimpleNamespace(joint_names=["j"], control_dt=0.02, task="t", robot="r", config_sha256="",
+                                      legion_version="", observation=Layout())
+    with TrajectoryLog(tmp_path / "walk", runner, overwrite=True) as log:
+        assert len(list((tmp_path / "walk").glob("episode_*.npz"))) == 2  # kept until it writes
+        log.tick({"joint_pos": [0.1]}, np.zeros(1), "hold", 0.001, None, None)
+    assert [p.name for p in (tmp_path / "walk").glob("episode_*.npz")] == ["episode_000000.npz"]
+    assert np.load(tmp_path / "walk" / "episode_000000.npz")["joint_pos"].tolist() == [[np.float32(0.1)]]
 
 
 # --- video and plots ------------------------------------------------------------------------------------

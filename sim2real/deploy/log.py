@@ -45,8 +45,9 @@ class TrajectoryLog:
         folder: where ``episode_<k>.npz`` files go (created if missing).
         runner: the :class:`~legion.sim2real.deploy.PolicyRunner` the loop runs (its metadata and
             last observation/action are logged).
-        overwrite: replace episode files already in ``folder``; by default a ``folder`` that holds
-            any ``episode_<k>.npz`` is refused here (ValueError), never silently replaced.
+        overwrite: replace the log already in ``folder`` (its episode files go when this log writes its
+            first episode, so that the folder never mixes two sessions); by default a ``folder`` that
+            holds any ``episode_<k>.npz`` is refused here (ValueError), never silently replaced.
 
     Memory: one episode's rows; each episode is written and dropped at :meth:`end_episode`.
     """
@@ -91,6 +92,9 @@ class TrajectoryLog:
         if path.exists() and not self.overwrite:  # written since the constructor checked: by another log?
             raise FileExistsError(f"{path} appeared while logging (another log writing into {self.folder}?): "
                                   "log into an empty or new folder.")
+        if self.episodes == 0 and self.overwrite:  # the earlier session goes whole, not episode by episode
+            for earlier in self.folder.glob("episode_*.npz"):
+                earlier.unlink()
         keys = list(dict.fromkeys(k for row in self._rows for k in row))
         arrays = {key: _stack([row.get(key) for row in self._rows]) for key in keys}
         arrays["mode"] = arrays["mode"].astype(np.int8)
