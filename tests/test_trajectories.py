@@ -202,6 +202,14 @@ def test_truncated_corrupt_or_unfinished_files_are_refused_by_name(cartpole, tmp
     code, _, err = legion_in_process("replay", str(damaged))
     assert code == 2 and "damaged.h5 is corrupt" in err and "Traceback" not in err, err[-3000:]
 
+    altered = tmp_path / "altered.h5"  # its config attribute no longer YAML the schema takes
+    shutil.copy(cartpole["file"], altered)
+    with h5py.File(altered, "r+") as f:
+        f["data"].attrs["config"] = f["data"].attrs["config"][:200]
+    code, _, err = legion_in_process("replay", str(altered))
+    assert code == 2 and "altered.h5: the config it was recorded with cannot be read (" in err, err[-3000:]
+    assert "the file is corrupt or was altered" in err and "Traceback" not in err
+
 
 def test_a_recording_of_another_robot_model_is_refused(cartpole, tmp_path):
     from legion.sim2real.trajectories import TrajectoryFileError

@@ -193,7 +193,7 @@ class TrajectoryFile:
     @property
     def config(self):
         """The recording's config as :class:`legion.configs.schema.Train` (needs the training stack)."""
-        return config_of(self.attrs)
+        return config_of(self.attrs, self.path)
 
     def episode(self, name: str) -> Episode:
         """An episode's arrays and attributes, read and checksum-verified."""
@@ -221,13 +221,19 @@ class TrajectoryFile:
         self.close()
 
 
-def config_of(attrs: dict):
-    """The config stored in a trajectory file's attributes, as :class:`legion.configs.schema.Train`."""
+def config_of(attrs: dict, path: str | Path = "the trajectory file"):
+    """The config stored in a trajectory file's attributes, as :class:`legion.configs.schema.Train`;
+    TrajectoryFileError where it cannot be read."""
     from omegaconf import OmegaConf
 
     from legion.configs import typed
 
-    return typed(OmegaConf.create(attrs["config"]))
+    try:
+        return typed(OmegaConf.create(attrs["config"]))
+    except Exception as e:  # YAML that does not parse, keys or values the schema refuses
+        raise TrajectoryFileError(f"{path}: the config it was recorded with cannot be read ("
+                                  f"{str(e).strip().splitlines()[0]}): the file is corrupt or was altered. Record or "
+                                  "convert it again.") from None
 
 
 def _datasets(group) -> list[str]:
